@@ -1,0 +1,34 @@
+"""Shared fixtures: tiny models and paths to the optional real corpora."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tfx.model import Transformer
+
+SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+VOCAB, PAD = 50, 0
+
+
+def tiny_model(norm: str = "none", enc: int = 2, dec: int = 2, d: int = 32, **kw) -> Transformer:
+    kw = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0, **kw}
+    return Transformer(VOCAB, PAD, enc, dec, d_model=d, ffn_dim=2 * d, heads=4, norm=norm, **kw)
+
+
+def random_batch(b: int = 3, s: int = 7, t: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded source and decoder input with ids >= 4 (0-3 are specials)."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (b, s), generator=g)
+    tgt = torch.randint(4, VOCAB, (b, t), generator=g)
+    src[0, s - 2 :] = PAD
+    return src, tgt
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data is not present on this machine")
+    return SHARED_DATA

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.conftest import tiny_model
+from tfx.init import (
+    SCHEMES,
+    apply_init,
+    tfixup_decoder_scale,
+    tfixup_embedding_scale,
+    tfixup_encoder_scale,
+)
+from tfx.model import has_layer_norm
+
+
+def xavier_std(w: torch.Tensor) -> float:
+    fan_out, fan_in = w.shape
+    return math.sqrt(2.0 / (fan_in + fan_out))
+
+
+def test_scale_factors_match_paper_formulas() -> None:
+    for n in (1, 6, 12, 200):
+        assert tfixup_encoder_scale(n) == pytest.approx(0.67 * n ** (-1 / 4))
+        assert tfixup_decoder_scale(n) == pytest.approx((9 * n) ** (-1 / 4))
+        assert tfixup_embedding_scale(n) == pytest.approx((9 * n) ** (-1 / 4))
+    assert tfixup_encoder_scale(6) == pytest.approx(0.42809, abs=1e-5)
+    assert tfixup_decoder_scale(6) == pytest.approx(0.36889, abs=1e-5)
+
+
+def _rel_std_error(w: torch.Tensor, expected: float) -> float:
+    return abs(w.float().std().item() / expected - 1)
+
+
+@pytest.mark.parametrize("n_layers", [6, 200])
+def test_tfixup_weight_stds(n_layers: int) -> None:
+    d = 64
+    model = tiny_model(enc=n_layers, dec=n_layers, d=d, share_decoder_embeddings=True)
+    apply_init(model, "tfixup", seed=3)
+    assert not has_layer_norm(model)
+    enc_f, dec_f = tfixup_encoder_scale(n_layers), tfixup_decoder_scale(n_layers)
+    enc_layer, dec_layer = model.encoder.layers[n_layers // 2], model.decoder.layers[-1]
+    scaled = [
+        (enc_layer.self_attn.v_proj.weight, enc_f),
+        (enc_layer.self_attn.out_proj.weight, enc_f),
+        (enc_layer.ffn.fc1.weight, enc_f),
+        (enc_layer.ffn.fc2.weight, enc_f),
+        (dec_layer.self_attn.v_proj.weight, dec_f),
+        (dec_layer.self_attn.out_proj.weight, dec_f),
+        (dec_layer.encoder_attn.v_proj.weight, dec_f),
+        (dec_layer.encoder_attn.out_proj.weight, dec_f),
+        (dec_layer.ffn.fc1.weight, dec_f),
+        (dec_layer.ffn.fc2.weight, dec_f),
+    ]
+    for w, factor in scaled:
+        assert _rel_std_error(w, xavier_std(w) * factor) < 0.1
+    for attn in (enc_layer.self_attn, dec_layer.self_attn, dec_layer.encoder_attn):
+        for w in (attn.q_proj.weight, attn.k_proj.weight):  # q/k NOT scaled
+            assert _rel_std_error(w, xavier_std(w)) < 0.1
+        assert attn.v_proj.bias.abs().max() == 0 and attn.q_proj.bias.abs().max() == 0
+    emb_std = d**-0.5
+    enc_emb, dec_emb = model.encoder.embedding.embed.weight, model.decoder.embedding.embed.weight
+    assert _rel_std_error(enc_emb[1:], emb_std * tfixup_embedding_scale(n_layers)) < 0.1
+    assert _rel_std_error(dec_emb[1:], emb_std * tfixup_embedding_scale(n_layers)) < 0.1
+    assert enc_emb[0].abs().max() == 0  # padding row
+
+
+def test_tfixup_embeddings_use_their_own_stack_depth() -> None:
+    model = tiny_model(enc=3, dec=48, d=64)
+    apply_init(model, "tfixup")
+    enc_emb, dec_emb = model.encoder.embedding.embed.weight[1:], model.decoder.embedding.embed.weight[1:]
+    assert _rel_std_error(enc_emb, 64**-0.5 * tfixup_embedding_scale(3)) < 0.1
+    assert _rel_std_error(dec_emb, 64**-0.5 * tfixup_embedding_scale(48)) < 0.1
+
+
+def test_tfixup_shared_embedding_scaled_once_with_encoder_factor() -> None:
+    model = tiny_model(enc=4, dec=16, d=64, share_all_embeddings=True)
+    apply_init(model, "tfixup")
+    emb = model.encoder.embedding.embed.weight[1:]
+    assert _rel_std_error(emb, 64**-0.5 * tfixup_embedding_scale(4)) < 0.1
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_tfixup_refuses_layer_norm(norm: str) -> None:
+    with pytest.raises(ValueError, match="model.norm=none"):
+        apply_init(tiny_model(norm), "tfixup")
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_schemes_are_deterministic_per_seed(name: str) -> None:
+    norm = "post" if name == "component_wise" else "none"
+    a, b, c = (tiny_model(norm, share_decoder_embeddings=False) for _ in range(3))
+    apply_init(a, name, seed=5)
+    apply_init(b, name, seed=5)
+    apply_init(c, name, seed=6)
+    for (n, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(pa, pb), n
+    assert not torch.equal(a.encoder.layers[0].ffn.fc1.weight, c.encoder.layers[0].ffn.fc1.weight)
+
+
+def test_component_wise_recipe() -> None:
+    torch.manual_seed(0)
+    model = tiny_model("post", d=64, share_decoder_embeddings=False)
+    apply_init(model, "component_wise")
+    layer = model.encoder.layers[0]
+    assert torch.allclose(layer.ffn.fc1.bias, torch.full_like(layer.ffn.fc1.bias, 0.01))
+    fc1 = layer.ffn.fc1.weight
+    assert _rel_std_error(fc1, math.sqrt(2.0 / fc1.shape[1])) < 0.1  # Kaiming fan_in relu
+    fc2 = layer.ffn.fc2.weight
+    assert _rel_std_error(fc2, 0.8 * xavier_std(fc2)) < 0.1
+    head = model.decoder.output_projection.weight
+    assert _rel_std_error(head, 0.5 * xavier_std(head)) < 0.1
+    ln = layer.self_attn_block.norm.weight
+    assert 0 < (ln - 1).abs().max() < 0.1
+    q = layer.self_attn.q_proj.weight
+    ratio = q.std().item() / (xavier_std(q) / math.sqrt(2))
+    assert 0.85 < ratio < 1.05

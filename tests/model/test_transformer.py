@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import PAD, VOCAB, random_batch, tiny_model
+from tfx.init import apply_init
+from tfx.model import has_layer_norm
+
+
+@pytest.mark.parametrize("norm", ["none", "post", "pre"])
+def test_shapes_and_norm_modules(norm: str) -> None:
+    model = tiny_model(norm, enc=2, dec=3)
+    src, tgt = random_batch()
+    assert model(src, tgt).shape == (3, 6, VOCAB)
+    n_ln = sum(isinstance(m, nn.LayerNorm) for m in model.modules())
+    expected = {"none": 0, "post": 2 * 2 + 3 * 3, "pre": 2 * 2 + 3 * 3 + 2}[norm]
+    assert n_ln == expected
+    assert has_layer_norm(model) == (norm != "none")
+
+
+def test_padding_does_not_change_real_positions() -> None:
+    torch.manual_seed(0)
+    model = tiny_model().eval().double()
+    src, tgt = random_batch(b=1, s=5, t=4)
+    src_padded = torch.cat([src, torch.full((1, 3), PAD)], dim=1)
+    tgt_padded = torch.cat([tgt, torch.full((1, 2), PAD)], dim=1)
+    out = model(src, tgt)
+    out_padded = model(src_padded, tgt_padded)[:, :4]
+    torch.testing.assert_close(out, out_padded, atol=1e-10, rtol=1e-10)
+
+
+def test_causal_mask_no_future_leakage() -> None:
+    torch.manual_seed(0)
+    model = tiny_model().eval()
+    src, tgt = random_batch()
+    changed = tgt.clone()
+    changed[:, 4:] = torch.randint(4, VOCAB, changed[:, 4:].shape)
+    torch.testing.assert_close(model(src, tgt)[:, :4], model(src, changed)[:, :4])
+    assert not torch.allclose(model(src, tgt)[:, 4:], model(src, changed)[:, 4:])
+
+
+@pytest.mark.parametrize("norm", ["none", "post", "pre"])
+def test_kv_cached_steps_equal_full_forward(norm: str) -> None:
+    torch.manual_seed(0)
+    model = tiny_model(norm, enc=2, dec=3).eval()
+    apply_init(model, "xavier")
+    model.double()  # float64 so that any mismatch is a bug, not rounding
+    src, tgt = random_batch()
+    full = model(src, tgt)  # (B, T, V)
+    enc = model.encode(src)
+    state = model.new_decoder_state()
+    steps = [model.decode_step(tgt[:, t : t + 1], enc, state) for t in range(tgt.size(1))]
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-10, rtol=1e-10)
+
+
+def test_reorder_follows_beam() -> None:
+    torch.manual_seed(0)
+    model = tiny_model().eval()
+    src, tgt = random_batch()
+    enc = model.encode(src)
+    state = model.new_decoder_state()
+    model.decode_step(tgt[:, :1], enc, state)
+    order = torch.tensor([2, 0, 1])
+    state.reorder(order)
+    enc_reordered = type(enc)(enc.hidden[order], enc.padding_mask[order])
+    step = model.decode_step(tgt[order, 1:2], enc_reordered, state)
+    torch.testing.assert_close(step, model(src[order], tgt[order, :2])[:, -1], atol=1e-5, rtol=1e-4)
+
+
+def test_embedding_sharing() -> None:
+    tied = tiny_model(share_decoder_embeddings=True)
+    assert tied.decoder.output_projection is None and not tied.embeddings_shared
+    untied = tiny_model(share_decoder_embeddings=False)
+    assert untied.decoder.output_projection is not None
+    joint = tiny_model(share_all_embeddings=True)
+    assert joint.embeddings_shared and joint.decoder.output_weight() is joint.encoder.embedding.embed.weight
+
+
+def test_activation_checkpointing_same_gradients() -> None:
+    torch.manual_seed(0)
+    plain = tiny_model()
+    ckpt = tiny_model(checkpoint_activations=True)
+    ckpt.load_state_dict(plain.state_dict())
+    src, tgt = random_batch()
+    for model in (plain, ckpt):
+        model(src, tgt).square().mean().backward()
+    for (name, a), b in zip(plain.named_parameters(), ckpt.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_200_plus_200_layers_forward_backward() -> None:
+    model = tiny_model(enc=200, dec=200, d=8, checkpoint_activations=True)
+    apply_init(model, "tfixup")
+    src, tgt = random_batch(b=2, s=5, t=4)
+    loss = model(src, tgt).float().logsumexp(-1).mean()
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [layer.ffn.fc2.weight.grad for layer in (*model.encoder.layers, *model.decoder.layers)]
+    assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)

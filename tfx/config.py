@@ -1,0 +1,209 @@
+"""Typed configuration schema: YAML in ``conf/`` -> these dataclasses -> plain arguments.
+
+Every field carries a one-line doc comment; ``__post_init__`` checks what a typo or a
+bad sweep value would otherwise turn into a confusing failure deep inside training.
+Hydra validates types and unknown keys against these classes (registered in
+``register_configs``); model, data and init code receive plain values, never Hydra.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+NORMS = ("none", "post", "pre")
+INIT_NAMES = ("xavier", "tfixup", "component_wise")
+DATA_SOURCES = ("toy", "local", "hub")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel corpus comes from, how it is tokenized and batched."""
+
+    source: str = "toy"  # toy | local | hub
+    name: str = "toy"  # corpus name, used in run names and the cache file names
+    src_lang: str = "de"  # source language code (file suffix / hub field)
+    tgt_lang: str = "en"  # target language code
+    # local folder of aligned text files: <prefix>.<lang>[.gz]
+    local_dir: str | None = None  # folder with train.de/train.en/... (source=local), relative to the cwd
+    train_prefix: str = "train"  # file prefix of the training split
+    valid_prefix: str = "valid"  # file prefix of the validation split
+    test_prefix: str = "test"  # file prefix of the test split
+    # Hugging Face hub dataset (source=hub)
+    hub_name: str | None = None  # e.g. IWSLT/iwslt2017
+    hub_config: str | None = None  # e.g. iwslt2017-de-en
+    hub_revision: str | None = None  # e.g. refs/convert/parquet
+    hub_field: str | None = None  # rows nest languages under this key ("translation"); null = flat rows
+    hub_splits: dict[str, str] = field(
+        default_factory=lambda: {"train": "train", "valid": "validation", "test": "test"}
+    )  # tfx split name -> hub split name
+    hub_data_files: dict[str, Any] | None = None  # tfx split -> local parquet file(s), bypasses the hub
+    hub_cache_dir: str | None = None  # datasets cache folder; null = HF default (~/.cache/huggingface)
+    hub_timeout: float = 5.0  # seconds to wait for the hub before failing over to the offline cache
+    # toy task (source=toy)
+    toy_train_size: int = 20000  # synthetic training pairs
+    toy_valid_size: int = 200  # synthetic validation pairs
+    toy_test_size: int = 200  # synthetic test pairs
+    toy_vocab: int = 40  # distinct source words (and as many target words)
+    toy_min_len: int = 3  # shortest synthetic sentence (words)
+    toy_max_len: int = 10  # longest synthetic sentence (words)
+    # vocabulary
+    vocab_size: int = 8000  # joint sentencepiece vocabulary size (an upper bound on tiny corpora)
+    spm_model_type: str = "bpe"  # bpe | unigram
+    spm_character_coverage: float = 1.0  # sentencepiece character_coverage
+    cache_dir: str = "data/cache"  # sentencepiece models and encoded corpora, relative to the cwd
+    # batching and filtering
+    max_tokens: int = 4096  # token budget per batch (max(src,tgt) padded length x sentences)
+    max_sentences: int | None = None  # optional cap on sentences per batch
+    max_source_positions: int = 1024  # drop training pairs with longer sources (tokens incl. EOS)
+    max_target_positions: int = 1024  # drop training pairs with longer targets (tokens incl. EOS)
+    max_len_ratio: float = 9.0  # drop training pairs whose token-length ratio exceeds this
+    num_workers: int = 0  # threads for sentencepiece training and encoding (0 = all cores)
+
+    def __post_init__(self) -> None:
+        _require(self.source in DATA_SOURCES, f"data.source={self.source!r}: use one of {DATA_SOURCES}")
+        _require(self.src_lang != self.tgt_lang, "data.src_lang and data.tgt_lang must differ")
+        _require(self.vocab_size > 0, "data.vocab_size must be positive")
+        _require(self.spm_model_type in ("bpe", "unigram"), "data.spm_model_type: use bpe or unigram")
+        _require(0.0 < self.spm_character_coverage <= 1.0, "data.spm_character_coverage must be in (0, 1]")
+        _require(self.max_tokens > 0, "data.max_tokens must be positive")
+        _require(self.max_sentences is None or self.max_sentences > 0, "data.max_sentences must be positive")
+        _require(
+            self.max_source_positions > 1 and self.max_target_positions > 1,
+            "data.max_*_positions must be > 1 (they count the EOS token)",
+        )
+        _require(self.max_len_ratio > 0, "data.max_len_ratio must be positive")
+        _require(self.num_workers >= 0, "data.num_workers must be >= 0 (0 = all cores)")
+        _require(self.hub_timeout > 0, "data.hub_timeout must be positive")
+        unknown = set(self.hub_splits) - {"train", "valid", "test"}
+        _require(not unknown, f"data.hub_splits keys {sorted(unknown)}: use train, valid, test")
+        _require(
+            self.source != "hub" or bool(self.hub_name or self.hub_data_files),
+            "data.source=hub needs data.hub_name=NAME or data.hub_data_files={split: file.parquet}",
+        )
+        _require(2 <= self.toy_vocab <= 2000, "data.toy_vocab must be in [2, 2000]")
+        _require(
+            1 <= self.toy_min_len <= self.toy_max_len,
+            "data.toy_min_len and data.toy_max_len: need 1 <= min <= max",
+        )
+        sizes = (self.toy_train_size, self.toy_valid_size, self.toy_test_size)
+        _require(min(sizes) >= 0, "data.toy_*_size must be >= 0")
+
+
+@dataclass
+class ModelConfig:
+    """Encoder-decoder Transformer shape (fairseq ``transformer_iwslt_de_en`` names)."""
+
+    encoder_layers: int = 6  # encoder depth N_enc
+    decoder_layers: int = 6  # decoder depth N_dec
+    d_model: int = 512  # embedding / residual width
+    ffn_dim: int = 1024  # FFN hidden width
+    heads: int = 4  # attention heads (d_model % heads == 0)
+    norm: str = "none"  # LayerNorm placement: none | post | pre
+    dropout: float = 0.3  # dropout on embeddings, residual branches
+    attention_dropout: float = 0.1  # dropout on attention probabilities
+    activation_dropout: float = 0.1  # dropout after the FFN ReLU
+    share_decoder_embeddings: bool = True  # tie decoder input and output embeddings
+    share_all_embeddings: bool = False  # one embedding for encoder, decoder and output
+    max_positions: int = 1024  # longest sequence the sinusoidal table covers
+    checkpoint_activations: bool = False  # recompute each layer in backward to save memory
+
+    def __post_init__(self) -> None:
+        _require(self.encoder_layers >= 1 and self.decoder_layers >= 1, "model.*_layers must be >= 1")
+        _require(self.d_model > 0 and self.ffn_dim > 0 and self.heads > 0, "model sizes must be positive")
+        _require(
+            self.d_model % self.heads == 0,
+            f"model.d_model={self.d_model} must be divisible by model.heads={self.heads}",
+        )
+        _require(self.norm in NORMS, f"model.norm={self.norm!r}: use one of {NORMS}")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            _require(0.0 <= value < 1.0, f"model.{name}={value} must be in [0, 1)")
+
+
+@dataclass
+class InitConfig:
+    """Which initialization scheme to apply after building the model."""
+
+    name: str = "tfixup"  # xavier | tfixup | component_wise
+
+    def __post_init__(self) -> None:
+        _require(self.name in INIT_NAMES, f"init.name={self.name!r}: use one of {INIT_NAMES}")
+
+
+@dataclass
+class OptimConfig:
+    """Adam with decoupled weight decay and an inverse-sqrt schedule."""
+
+    lr: float = 5e-4  # peak learning rate
+    betas: tuple[float, float] = (0.9, 0.98)  # Adam betas
+    eps: float = 1e-8  # Adam epsilon
+    weight_decay: float = 1e-4  # decoupled (AdamW) weight decay
+    warmup_updates: int = 0  # linear warmup length; 0 = T-Fixup's no-warmup schedule
+    warmup_init_lr: float = 1e-7  # lr at update 0 when warming up
+    decay_offset: int = 4000  # no-warmup inverse-sqrt: lr * sqrt(offset / (offset + t))
+    clip_norm: float = 0.0  # gradient-norm clipping; 0 = off
+    label_smoothing: float = 0.1  # label-smoothed cross-entropy epsilon
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr must be positive")
+        _require(self.warmup_updates >= 0, "optim.warmup_updates must be >= 0")
+        _require(0.0 <= self.label_smoothing < 1.0, "optim.label_smoothing must be in [0, 1)")
+        _require(self.clip_norm >= 0, "optim.clip_norm must be >= 0 (0 = off)")
+
+
+@dataclass
+class TrainConfig:
+    """The loop: budget, validation, checkpoints, devices."""
+
+    seed: int = 1  # seeds data order, init and dropout
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
+    threads: int = 0  # torch CPU threads; 0 = torch default
+    max_updates: int = 0  # stop after this many updates; 0 = no limit
+    max_epochs: int = 0  # stop after this many epochs; 0 = no limit
+    max_minutes: float = 0.0  # stop after this much wall time; 0 = no limit
+    update_freq: int = 1  # gradient accumulation steps per update
+    compile: bool = False  # wrap the model in torch.compile
+    validate_every_updates: int = 0  # validate every N updates; 0 = once per epoch only
+    validate_every_minutes: float = 0.0  # also validate every M minutes of wall time; 0 = off
+    valid_beam: int = 1  # beam size for validation BLEU (1 = greedy, fastest)
+    valid_max_sentences: int = 0  # translate at most this many valid sentences; 0 = all
+    log_every_updates: int = 20  # TensorBoard scalar interval
+    layer_stats_every_updates: int = 100  # per-layer activation RMS / grad-norm interval
+    save_every_updates: int = 0  # numbered checkpoint every N updates; 0 = off
+    save_every_epochs: int = 1  # numbered checkpoint every N epochs; 0 = off
+    keep_last: int = 10  # numbered checkpoints to keep
+    max_bad_steps: int = 10  # consecutive non-finite steps before stopping
+    resume: str | None = None  # checkpoint to resume from; default: <run>/checkpoints/checkpoint_last.pt
+    progress: bool = True  # show a tqdm progress bar
+
+    def __post_init__(self) -> None:
+        _require(self.precision in ("auto", "fp32", "bf16"), "train.precision: use auto, fp32 or bf16")
+        _require(self.update_freq >= 1, "train.update_freq must be >= 1")
+        _require(self.valid_beam >= 1, "train.valid_beam must be >= 1")
+        _require(self.keep_last >= 1, "train.keep_last must be >= 1")
+
+
+@dataclass
+class Config:
+    """The whole run."""
+
+    experiment: str = "default"  # name shown in TensorBoard hparams and run folders
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        _require(
+            not (self.init.name == "tfixup" and self.model.norm != "none"),
+            f"init.name=tfixup needs model.norm=none (got {self.model.norm!r}): "
+            "T-Fixup replaces LayerNorm; use init=xavier for a LayerNorm model",
+        )

@@ -1,0 +1,81 @@
+"""T-Fixup (Huang, Perez, Ba, Volkovs, ICML 2020, Sec. 3): train without LayerNorm or warmup.
+
+Recipe, matching the paper and the authors' fairseq fork:
+
+1. Xavier-init every parameter except the input embeddings; embeddings ~ N(0, d^-1/2).
+2. No LayerNorm anywhere (a model that still has one is refused).
+3. Encoder: scale ``v_proj``, ``out_proj``, ``fc1`` and ``fc2`` weights by 0.67 * N_enc^-1/4.
+4. Decoder: scale ``v_proj`` and ``out_proj`` of self- *and* encoder-attention, ``fc1`` and
+   ``fc2`` by (9 * N_dec)^-1/4.
+5. Scale the input embeddings by (9 * N)^-1/4: the encoder's by N_enc, the decoder's by
+   N_dec (the paper's Eq. and the reference both use (9N)^-1/4 for *both* embeddings;
+   some write-ups use 0.67 * N^-1/4 for the encoder embedding, tfx does not). With all
+   embeddings shared, the one table gets the encoder's factor.
+
+q/k projections and all biases are untouched.
+
+Gain convention: tfx's Xavier base uses gain 1 for every projection. The reference
+starts from fairseq's gain 1/sqrt(2) for q/k/v and multiplies ``v_proj`` by sqrt(2)
+before the T-Fixup factor, so its ``v_proj`` ends at gain 1 x factor -- exactly tfx's
+value. Its q/k keep gain 1/sqrt(2); tfx's are at gain 1 (plain Xavier, as the paper
+says). q/k only set the initial attention temperature and do not enter T-Fixup's bound.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tfx.init.xavier import init_xavier
+from tfx.model import Transformer, has_layer_norm
+
+
+def tfixup_encoder_scale(n_layers: int) -> float:
+    """0.67 * N^-1/4 for the encoder's v/out/FFN weights."""
+    return 0.67 * n_layers**-0.25
+
+
+def tfixup_decoder_scale(n_layers: int) -> float:
+    """(9N)^-1/4 for the decoder's v/out/FFN weights."""
+    return (9 * n_layers) ** -0.25
+
+
+def tfixup_embedding_scale(n_layers: int) -> float:
+    """(9N)^-1/4 for an input embedding, N = layers of the stack it feeds."""
+    return (9 * n_layers) ** -0.25
+
+
+def _scale(weights: list[torch.Tensor], factor: float) -> None:
+    with torch.no_grad():
+        for w in weights:
+            w.mul_(factor)
+
+
+def init_tfixup(model: Transformer, seed: int = 1) -> None:
+    if has_layer_norm(model):
+        raise ValueError(
+            f"init.name=tfixup needs a LayerNorm-free model (model.norm=none), got model.norm={model.norm!r}"
+        )
+    init_xavier(model, seed)
+    n_enc, n_dec = len(model.encoder.layers), len(model.decoder.layers)
+    for layer in model.encoder.layers:
+        weights = [
+            layer.self_attn.v_proj.weight,
+            layer.self_attn.out_proj.weight,
+            layer.ffn.fc1.weight,
+            layer.ffn.fc2.weight,
+        ]
+        _scale(weights, tfixup_encoder_scale(n_enc))
+    for layer in model.decoder.layers:
+        weights = [
+            layer.self_attn.v_proj.weight,
+            layer.self_attn.out_proj.weight,
+            layer.encoder_attn.v_proj.weight,
+            layer.encoder_attn.out_proj.weight,
+            layer.ffn.fc1.weight,
+            layer.ffn.fc2.weight,
+        ]
+        _scale(weights, tfixup_decoder_scale(n_dec))
+    enc_embed, dec_embed = model.encoder.embedding.embed, model.decoder.embedding.embed
+    _scale([enc_embed.weight], tfixup_embedding_scale(n_enc))
+    if dec_embed is not enc_embed:
+        _scale([dec_embed.weight], tfixup_embedding_scale(n_dec))

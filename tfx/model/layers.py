@@ -1,0 +1,87 @@
+"""Encoder and decoder layers: attention and FFN branches inside ``Residual`` blocks."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tfx.model.attention import KVCache, MultiheadAttention
+from tfx.model.norm import Residual
+
+
+class FeedForward(nn.Module):
+    """fc2(dropout(relu(fc1(x)))): the position-wise ReLU FFN."""
+
+    def __init__(self, d_model: int, ffn_dim: int, activation_dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.activation_dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.activation_dropout(F.relu(self.fc1(x))))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        ffn_dim: int,
+        norm: str,
+        dropout: float,
+        attention_dropout: float,
+        activation_dropout: float,
+    ) -> None:
+        super().__init__()
+        self.self_attn = MultiheadAttention(d_model, heads, attention_dropout)
+        self.ffn = FeedForward(d_model, ffn_dim, activation_dropout)
+        self.self_attn_block = Residual(d_model, norm, dropout)
+        self.ffn_block = Residual(d_model, norm, dropout)
+
+    def forward(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
+        x = self.self_attn_block(x, lambda h: self.self_attn(h, h, key_padding_mask=padding_mask))
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        ffn_dim: int,
+        norm: str,
+        dropout: float,
+        attention_dropout: float,
+        activation_dropout: float,
+    ) -> None:
+        super().__init__()
+        self.self_attn = MultiheadAttention(d_model, heads, attention_dropout)
+        self.encoder_attn = MultiheadAttention(d_model, heads, attention_dropout)
+        self.ffn = FeedForward(d_model, ffn_dim, activation_dropout)
+        self.self_attn_block = Residual(d_model, norm, dropout)
+        self.encoder_attn_block = Residual(d_model, norm, dropout)
+        self.ffn_block = Residual(d_model, norm, dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        encoder_out: Tensor,
+        encoder_padding_mask: Tensor | None,
+        cache: dict[str, KVCache] | None = None,
+    ) -> Tensor:
+        """Full (teacher-forced) pass when ``cache`` is None, else one incremental step.
+
+        Decoder inputs are right-padded, so the causal mask alone keeps every real query
+        away from padding; an incremental step attends to all cached keys (no mask needed).
+        """
+        self_cache = cache["self"] if cache is not None else None
+        cross_cache = cache["cross"] if cache is not None else None
+        x = self.self_attn_block(x, lambda h: self.self_attn(h, h, causal=cache is None, cache=self_cache))
+        x = self.encoder_attn_block(
+            x,
+            lambda h: self.encoder_attn(
+                h, encoder_out, key_padding_mask=encoder_padding_mask, cache=cross_cache, static_kv=True
+            ),
+        )
+        return self.ffn_block(x, self.ffn)

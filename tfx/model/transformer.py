@@ -1,0 +1,213 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017; fairseq ``transformer_iwslt_de_en``).
+
+Leaf modules live in ``attention.py``, ``layers.py`` and ``norm.py``; this file
+assembles them. Token embeddings are scaled by sqrt(d_model) as in fairseq, so
+T-Fixup's embedding factors mean what they mean in the reference implementation.
+Tensors are batch-first: (B, T, D).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from tfx.model.attention import KVCache
+from tfx.model.layers import DecoderLayer, EncoderLayer
+from tfx.model.norm import final_norm
+
+
+def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
+    """fairseq's sinusoidal positions: sin in the first half of the channels, cos in the second."""
+    half = d_model // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000.0) / max(half - 1, 1)))
+    angles = torch.arange(max_positions, dtype=torch.float)[:, None] * freq[None, :]  # (P, half)
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    if d_model % 2:
+        table = torch.cat([table, torch.zeros(max_positions, 1)], dim=1)
+    return table  # (P, D)
+
+
+class TokenEmbedding(nn.Module):
+    """sqrt(d)-scaled token embedding + sinusoidal positions + dropout."""
+
+    def __init__(self, embed: nn.Embedding, max_positions: int, dropout: float) -> None:
+        super().__init__()
+        self.embed = embed
+        self.scale = math.sqrt(embed.embedding_dim)
+        self.register_buffer("positions", sinusoidal_table(max_positions, embed.embedding_dim), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        t = tokens.size(1)
+        if offset + t > self.positions.size(0):
+            raise ValueError(f"sequence of {offset + t} tokens exceeds model.max_positions={self.positions.size(0)}")
+        x = self.scale * self.embed(tokens) + self.positions[offset : offset + t]
+        return self.dropout(x)
+
+
+def _run_layer(layer: nn.Module, use_checkpoint: bool, *args: object) -> Tensor:
+    """Call a layer, recomputing its activations in backward when asked (saves memory at depth)."""
+    if use_checkpoint and torch.is_grad_enabled():
+        return checkpoint(layer, *args, use_reentrant=False)
+    return layer(*args)
+
+
+@dataclass
+class EncoderOut:
+    hidden: Tensor  # (B, S, D)
+    padding_mask: Tensor  # (B, S), True at padding
+
+
+@dataclass
+class DecoderState:
+    """Key/value caches for incremental decoding, one dict per decoder layer."""
+
+    layers: list[dict[str, KVCache]]
+    step: int = 0
+
+    @classmethod
+    def empty(cls, n_layers: int) -> DecoderState:
+        return cls([{"self": {}, "cross": {}} for _ in range(n_layers)])
+
+    def reorder(self, order: Tensor) -> None:
+        """Follow beam search: keep cache row ``order[i]`` as row i."""
+        for layer in self.layers:
+            for cache in layer.values():
+                for key, value in cache.items():
+                    cache[key] = value.index_select(0, order)
+
+
+class Encoder(nn.Module):
+    def __init__(self, embedding: TokenEmbedding, layers: list[EncoderLayer], norm: nn.Module, pad_id: int):
+        super().__init__()
+        self.embedding = embedding
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = norm
+        self.pad_id = pad_id
+        self.checkpoint_activations = False
+
+    def forward(self, src_tokens: Tensor) -> EncoderOut:
+        padding_mask = src_tokens.eq(self.pad_id)  # (B, S)
+        x = self.embedding(src_tokens)
+        # Zero padded positions so they carry nothing (fairseq does the same).
+        x = x.masked_fill(padding_mask[..., None], 0.0)
+        for layer in self.layers:
+            x = _run_layer(layer, self.checkpoint_activations, x, padding_mask)
+        return EncoderOut(self.final_norm(x), padding_mask)
+
+
+class Decoder(nn.Module):
+    def __init__(
+        self,
+        embedding: TokenEmbedding,
+        layers: list[DecoderLayer],
+        norm: nn.Module,
+        output_projection: nn.Linear | None,
+    ):
+        super().__init__()
+        self.embedding = embedding
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = norm
+        # None = tied: logits use the decoder input embedding matrix.
+        self.output_projection = output_projection
+        self.checkpoint_activations = False
+
+    def output_weight(self) -> Tensor:
+        return self.embedding.embed.weight if self.output_projection is None else self.output_projection.weight
+
+    def forward(self, prev_tokens: Tensor, encoder_out: EncoderOut, state: DecoderState | None = None) -> Tensor:
+        """Logits (B, T, V). With ``state``, ``prev_tokens`` holds only the newest step(s)."""
+        offset = state.step if state is not None else 0
+        x = self.embedding(prev_tokens, offset)
+        for i, layer in enumerate(self.layers):
+            cache = state.layers[i] if state is not None else None
+            if cache is None:
+                x = _run_layer(layer, self.checkpoint_activations, x, encoder_out.hidden, encoder_out.padding_mask)
+            else:
+                x = layer(x, encoder_out.hidden, encoder_out.padding_mask, cache)
+        if state is not None:
+            state.step += prev_tokens.size(1)
+        x = self.final_norm(x)
+        return nn.functional.linear(x, self.output_weight())
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer over one joint vocabulary.
+
+    ``norm`` places LayerNorm: ``none`` (T-Fixup; no LayerNorm module exists),
+    ``post`` (Vaswani et al.) or ``pre`` (adds a final LayerNorm to each stack).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        pad_id: int,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        d_model: int = 512,
+        ffn_dim: int = 1024,
+        heads: int = 4,
+        norm: str = "none",
+        dropout: float = 0.3,
+        attention_dropout: float = 0.1,
+        activation_dropout: float = 0.1,
+        share_decoder_embeddings: bool = True,
+        share_all_embeddings: bool = False,
+        max_positions: int = 1024,
+        checkpoint_activations: bool = False,
+    ) -> None:
+        super().__init__()
+        self.norm = norm
+        self.pad_id = pad_id
+        self.vocab_size = vocab_size
+        layer_args = dict(
+            d_model=d_model,
+            heads=heads,
+            ffn_dim=ffn_dim,
+            norm=norm,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+        )
+        enc_embed = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        dec_embed = enc_embed if share_all_embeddings else nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        tied = share_decoder_embeddings or share_all_embeddings
+        self.encoder = Encoder(
+            TokenEmbedding(enc_embed, max_positions, dropout),
+            [EncoderLayer(**layer_args) for _ in range(encoder_layers)],
+            final_norm(d_model, norm),
+            pad_id,
+        )
+        self.decoder = Decoder(
+            TokenEmbedding(dec_embed, max_positions, dropout),
+            [DecoderLayer(**layer_args) for _ in range(decoder_layers)],
+            final_norm(d_model, norm),
+            None if tied else nn.Linear(d_model, vocab_size, bias=False),
+        )
+        self.set_activation_checkpointing(checkpoint_activations)
+
+    @property
+    def embeddings_shared(self) -> bool:
+        return self.encoder.embedding.embed is self.decoder.embedding.embed
+
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        self.encoder.checkpoint_activations = enabled
+        self.decoder.checkpoint_activations = enabled
+
+    def encode(self, src_tokens: Tensor) -> EncoderOut:
+        return self.encoder(src_tokens)
+
+    def decode_step(self, prev_tokens: Tensor, encoder_out: EncoderOut, state: DecoderState) -> Tensor:
+        """Logits (B, V) for the next token, extending ``state``'s key/value caches."""
+        return self.decoder(prev_tokens, encoder_out, state)[:, -1]
+
+    def new_decoder_state(self) -> DecoderState:
+        return DecoderState.empty(len(self.decoder.layers))
+
+    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V)."""
+        return self.decoder(prev_output_tokens, self.encode(src_tokens))
