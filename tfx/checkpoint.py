@@ -72,3 +72,20 @@ def build_from_checkpoint(ckpt: dict[str, Any], device: str | torch.device = "cp
     model = build_model(model_cfg, ckpt["vocab_size"], PAD)
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), tokenizer, ckpt["config"]
+
+
+def atomic_copy(src: str | Path, dst: str | Path) -> None:
+    """Copy a finished checkpoint under another name without ever exposing a partial file."""
+    import shutil
+
+    dst = Path(dst)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -207,3 +207,10 @@ class Config:
             f"init.name=tfixup needs model.norm=none (got {self.model.norm!r}): "
             "T-Fixup replaces LayerNorm; use init=xavier for a LayerNorm model",
         )
+
+
+def register_configs() -> None:
+    """Register the schema so YAML in ``conf/`` is type-checked against it (``defaults: [schema, ...]``)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="schema", node=Config)

@@ -7,6 +7,7 @@ without consulting the tokenizer.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -60,6 +61,11 @@ class Tokenizer:
     def model_bytes(self) -> bytes:
         """The serialized model proto: everything needed to rebuild this tokenizer."""
         return self._proto
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """Short sha256 of the model: part of the cache key of everything it encoded."""
+        return hashlib.sha256(self._proto).hexdigest()[:16]
 
     @property
     def vocab_size(self) -> int:

@@ -1,0 +1,77 @@
+"""make_batches / collate: token budget, determinism, data-parallel sharding, teacher-forcing shift."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.data.helpers import toy_config
+from tfx.data import BOS, EOS, PAD, Batch, EncodedSplit, collate, make_batches, prepare_data
+
+
+@pytest.fixture(scope="module")
+def train(tmp_path_factory) -> EncodedSplit:
+    return prepare_data(toy_config(tmp_path_factory.mktemp("b")), splits=("train",)).splits["train"]
+
+
+def cost(split: EncodedSplit, batch: list[int]) -> int:
+    return len(batch) * int(max(max(split.src_sizes[i], split.tgt_sizes[i]) for i in batch))
+
+
+def test_batches_respect_max_tokens_and_max_sentences(train):
+    batches = make_batches(train, max_tokens=200)
+    assert all(cost(train, b) <= 200 for b in batches)
+    assert sorted(i for b in batches for i in b) == list(range(len(train)))
+    assert max(len(b) for b in make_batches(train, max_tokens=10_000, max_sentences=7)) == 7
+
+
+def test_example_longer_than_budget_gets_its_own_batch(train):
+    batches = make_batches(train, max_tokens=5)
+    assert sorted(i for b in batches for i in b) == list(range(len(train)))
+    assert all(len(b) == 1 for b in batches if cost(train, b) > 5)
+
+
+def test_order_is_deterministic_per_seed_and_epoch(train):
+    assert make_batches(train, 300, seed=1, epoch=1) == make_batches(train, 300, seed=1, epoch=1)
+    assert make_batches(train, 300, seed=1, epoch=1) != make_batches(train, 300, seed=1, epoch=2)
+    assert make_batches(train, 300, seed=1, epoch=1) != make_batches(train, 300, seed=2, epoch=1)
+    fixed = make_batches(train, 300, shuffle=False)
+    assert fixed == make_batches(train, 300, shuffle=False, seed=5, epoch=9)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_get_disjoint_equal_shares_covering_every_example(train, world_size):
+    for max_tokens in (150, 173, 400):  # different batch counts, divisible or not
+        shares = [make_batches(train, max_tokens, seed=3, epoch=2, rank=r, world_size=world_size)
+                  for r in range(world_size)]
+        assert len({len(share) for share in shares}) == 1
+        seen = [i for share in shares for b in share for i in b]
+        assert sorted(seen) == list(range(len(train)))
+        assert all(cost(train, b) <= max_tokens for share in shares for b in share)
+
+
+def test_collate_pads_and_shifts(train):
+    indices = [0, 5, 9]
+    batch = collate(train, indices)
+    assert isinstance(batch, Batch) and batch.indices == indices
+    lengths = [len(train.tgt[i]) for i in indices]
+    assert batch.target.shape == batch.prev_output_tokens.shape == (3, max(lengths))
+    assert batch.src_tokens.shape == (3, max(len(train.src[i]) for i in indices))
+    assert batch.src_tokens.dtype == batch.target.dtype == torch.int64
+    assert batch.src_lengths.tolist() == [len(train.src[i]) for i in indices]
+    assert batch.ntokens == sum(lengths) == int(batch.target.ne(PAD).sum())
+    for row, i in enumerate(indices):
+        tgt, n = train.tgt[i], lengths[row]
+        assert batch.target[row, :n].tolist() == tgt.tolist() and tgt[-1] == EOS
+        assert batch.prev_output_tokens[row, :n].tolist() == [BOS, *tgt[:-1].tolist()]
+        assert batch.prev_output_tokens[row, n:].eq(PAD).all() and batch.target[row, n:].eq(PAD).all()
+        assert np.array_equal(batch.src_tokens[row, : len(train.src[i])].numpy(), train.src[i])
+
+
+def test_batch_moves_between_devices(train):
+    batch = collate(train, [1, 2])
+    moved = batch.to("cpu")
+    assert torch.equal(moved.target, batch.target) and moved.ntokens == batch.ntokens
+    if torch.cuda.is_available():
+        assert batch.pin_memory().src_tokens.is_pinned()

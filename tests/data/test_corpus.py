@@ -1,0 +1,70 @@
+"""prepare_data: EOS-terminated ids, caching, train-only filtering."""
+
+from __future__ import annotations
+
+import pytest
+import sentencepiece as spm
+
+from tests.data.helpers import PAIRS, toy_config, write_text_corpus
+from tfx.config import DataConfig
+from tfx.data import EOS, DataError, Tokenizer, prepare_data
+
+
+def test_every_sequence_ends_with_eos_and_texts_are_kept(tmp_path):
+    corpus = prepare_data(toy_config(tmp_path))
+    assert set(corpus.splits) == {"train", "valid", "test"}
+    for split in corpus.splits.values():
+        assert len(split) == len(split.src_text) == len(split.tgt)
+        assert all(s[-1] == EOS and EOS not in s[:-1] for s in split.src + split.tgt)
+    valid = corpus.splits["valid"]
+    assert corpus.tokenizer.decode(valid.tgt[0]) == valid.tgt_text[0]
+
+
+def test_second_run_reuses_model_and_encodings(tmp_path, monkeypatch):
+    cfg = toy_config(tmp_path)
+    first = prepare_data(cfg)
+    cached = sorted((tmp_path / "cache").glob("*.*"))
+    mtimes = [p.stat().st_mtime_ns for p in cached]
+    assert any(p.suffix == ".model" for p in cached) and sum(p.suffix == ".npz" for p in cached) == 6
+
+    def fail(*args, **kwargs):
+        raise AssertionError("cache miss: this should have come from the cache")
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", fail)
+    monkeypatch.setattr(Tokenizer, "encode_batch", fail)
+    second = prepare_data(cfg)
+    assert [p.stat().st_mtime_ns for p in cached] == mtimes
+    assert second.tokenizer.model_bytes == first.tokenizer.model_bytes
+    for name, split in first.splits.items():
+        assert [s.tolist() for s in second.splits[name].src] == [s.tolist() for s in split.src]
+
+
+def test_cache_key_follows_content(tmp_path):
+    prepare_data(toy_config(tmp_path), seed=1, splits=("train",))
+    prepare_data(toy_config(tmp_path), seed=2, splits=("train",))
+    assert len(list((tmp_path / "cache").glob("*.model"))) == 2
+
+
+def test_length_filter_applies_to_train_only(tmp_path, caplog):
+    long_pair = (" ".join(["Hund"] * 30), "dog")
+    folder = write_text_corpus(tmp_path / "c", {s: [*PAIRS, long_pair] for s in ("train", "valid", "test")})
+    cfg = DataConfig(source="local", local_dir=str(folder), vocab_size=200, max_source_positions=20,
+                     cache_dir=str(tmp_path / "cache"))
+    with caplog.at_level("INFO", logger="tfx.data"):
+        corpus = prepare_data(cfg)
+    assert len(corpus.splits["train"]) == len(PAIRS)
+    assert len(corpus.splits["valid"]) == len(corpus.splits["test"]) == len(PAIRS) + 1
+    assert "train filter dropped 1 of 5 pairs" in caplog.text
+
+
+def test_empty_train_after_filtering_is_an_error(tmp_path):
+    cfg = toy_config(tmp_path, max_source_positions=2)
+    with pytest.raises(DataError, match="split train of toy is empty after length filtering"):
+        prepare_data(cfg)
+
+
+def test_given_tokenizer_skips_training_split(tmp_path, monkeypatch):
+    tokenizer = prepare_data(toy_config(tmp_path), splits=("train",)).tokenizer
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", lambda **kw: pytest.fail("trained again"))
+    corpus = prepare_data(toy_config(tmp_path / "other"), splits=("test",), tokenizer=tokenizer)
+    assert set(corpus.splits) == {"test"} and corpus.tokenizer is tokenizer

@@ -1,0 +1,61 @@
+"""scripts/norm_vs_depth.py reproduces the published linearized-block table exactly."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "norm_vs_depth.py"
+PUBLISHED = {  # (scheme, N) -> "%.4e" of mean row norm out / in
+    ("xavier", 6): "1.5594e+01",
+    ("xavier", 12): "2.9281e+02",
+    ("xavier", 200): "nan",
+    ("tfixup", 6): "1.1502e+00",
+    ("tfixup", 12): "1.1698e+00",
+    ("tfixup", 200): "1.1337e+00",
+}
+
+
+@pytest.fixture(scope="module")
+def nvd() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("norm_vs_depth", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("scheme", "n"), list(PUBLISHED))
+def test_linearized_matches_published(nvd: ModuleType, scheme: str, n: int) -> None:
+    assert f"{nvd.linearized_ratio(n, scheme):.4e}" == PUBLISHED[scheme, n]
+
+
+def test_real_encoder_tfixup_stays_near_one_xavier_grows(nvd: ModuleType) -> None:
+    assert nvd.encoder_ratio(12, "tfixup") < 1.5
+    assert nvd.encoder_ratio(12, "xavier") > 10
+
+
+def test_main_prints_both_tables(nvd: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    assert nvd.main(["--depths", "6", "12"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "     6  1.5594e+01  1.1502e+00" in lines
+    assert "    12  2.9281e+02  1.1698e+00" in lines
+    assert sum(line.startswith("2. tfx EncoderLayer") for line in lines) == 1
+
+
+def test_plot_writes_png(nvd: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "ratio.png"
+    nvd.main(["--depths", "2", "6", "--plot", str(out)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,87 @@
+"""Every experiment composes against the schema; bad values fail at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigCompositionException, ValidationError
+
+from tfx.config import Config, register_configs
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def load(overrides: list[str]) -> Config:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return OmegaConf.to_object(compose("config", overrides=overrides))
+
+
+def test_experiments_exist() -> None:
+    assert {"iwslt", "iwslt_postln", "multi30k", "multi30k_postln", "deep"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_composes(name: str) -> None:
+    cfg = load([f"+experiment={name}"])
+    assert isinstance(cfg, Config) and cfg.experiment == name
+
+
+def test_default_is_tiny_toy_run() -> None:
+    cfg = load([])
+    assert cfg.data.source == "toy" and cfg.model.d_model <= 128 and cfg.init.name == "tfixup"
+
+
+def test_iwslt_is_the_tfixup_recipe() -> None:
+    cfg = load(["+experiment=iwslt"])
+    assert (cfg.model.norm, cfg.init.name, cfg.optim.warmup_updates) == ("none", "tfixup", 0)
+    assert (cfg.model.encoder_layers, cfg.model.d_model, cfg.model.ffn_dim, cfg.model.heads) == (6, 512, 1024, 4)
+    assert tuple(cfg.optim.betas) == (0.9, 0.98) and cfg.optim.lr == 5e-4 and cfg.optim.decay_offset == 4000
+    assert cfg.optim.label_smoothing == 0.1 and cfg.optim.weight_decay == 1e-4
+    assert cfg.data.max_tokens == 4096 and cfg.model.share_decoder_embeddings
+    assert (cfg.data.source, cfg.data.hub_name, cfg.data.src_lang, cfg.data.tgt_lang) == (
+        "hub",
+        "IWSLT/iwslt2017",
+        "de",
+        "en",
+    )
+
+
+def test_postln_baseline_differs_only_where_it_should() -> None:
+    t, p = load(["+experiment=iwslt"]), load(["+experiment=iwslt_postln"])
+    assert (p.model.norm, p.init.name, p.optim.warmup_updates, p.optim.warmup_init_lr) == ("post", "xavier", 4000, 1e-7)
+    assert t.data == p.data and t.train == p.train
+    assert {k: v for k, v in vars(t.model).items() if k != "norm"} == {
+        k: v for k, v in vars(p.model).items() if k != "norm"
+    }
+
+
+def test_public_knobs_override() -> None:
+    cfg = load(["+experiment=iwslt", "model.encoder_layers=12", "optim.lr=1e-3", "train.seed=7", "data.tgt_lang=de",
+                "data.src_lang=en", "init.name=tfixup", "train.max_epochs=3", "data.local_dir=/x"])  # fmt: skip
+    assert (cfg.model.encoder_layers, cfg.optim.lr, cfg.train.seed, cfg.data.tgt_lang) == (12, 1e-3, 7, "de")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["model.d_model=100", "model.heads=3"], "divisible"),
+        (["model.norm=post"], "tfixup needs model.norm=none"),
+        (["model.norm=sideways", "init=xavier"], "model.norm"),
+        (["init.name=fixup"], "init.name"),
+    ],
+)
+def test_bad_values_fail_at_start(overrides: list[str], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        load(overrides)
+
+
+def test_typo_and_wrong_type_fail() -> None:
+    with pytest.raises(ConfigCompositionException):
+        load(["model.encoder_layer=3"])
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        load(["model.encoder_layers=many"])

@@ -1,0 +1,196 @@
+"""Checkpoint (or run folder) -> translations of a test set -> BLEU with its signature.
+
+    python -m tfx.evaluate outputs/RUN                       # checkpoint_best.pt, the run's test split
+    python -m tfx.evaluate outputs/RUN --avg 5 --tok-bleu    # average the last 5 numbered checkpoints first
+    python -m tfx.evaluate ckpt.pt --src test.de --ref test.en
+
+The split comes from the run's own data config (``config["data"]`` in the checkpoint): local files
+``<local_dir>/<prefix>.<lang>`` (a relative ``local_dir`` starts at the current directory;
+``--data-dir`` replaces it), or the toy/hub split rebuilt by ``tfx.data.prepare_data``. Hypotheses
+go next to the checkpoint as ``<ckpt_stem>.<split>.hyp``, scores as ``<ckpt_stem>.<split>.bleu.json``.
+Errors are one line on stderr and a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tfx.average import average_checkpoints, checkpoint_dir, last_checkpoints
+from tfx.bleu import corpus_bleu, tokenized_bleu
+from tfx.checkpoint import CheckpointError, atomic_save
+from tfx.config import DataConfig
+from tfx.data import DataError, prepare_data, read_parallel_text
+from tfx.decode import translate_sentences
+from tfx.translate import (
+    add_decoding_args,
+    check_decoding_args,
+    load_model,
+    pick_device,
+    write_text_atomic,
+)
+
+Texts = tuple[list[str], list[str]]
+
+
+def resolve_checkpoint(target: Path, avg: int | None) -> Path:
+    """A checkpoint file as is; a run folder's ``checkpoint_best.pt``, or with ``avg`` the average of
+    its last ``avg`` numbered checkpoints, written to ``checkpoint_avg<N>.pt`` beside them."""
+    if target.is_file():
+        if avg:
+            raise CheckpointError(f"--avg {avg} needs a run folder, but {target} is a file")
+        return target
+    if not target.is_dir():
+        raise CheckpointError(f"{target} does not exist: pass a checkpoint file or a run folder")
+    folder = checkpoint_dir(target)
+    if avg:
+        paths = last_checkpoints(target, avg)
+        out = folder / f"checkpoint_avg{avg}.pt"
+        atomic_save(average_checkpoints(paths), out)
+        print(f"averaged {', '.join(p.name for p in paths)} -> {out}", file=sys.stderr)
+        return out
+    best = folder / "checkpoint_best.pt"
+    if not best.is_file():
+        raise CheckpointError(f"{folder} has no checkpoint_best.pt: pass a checkpoint file, or --avg N")
+    return best
+
+
+def data_config(config: dict[str, Any], data_dir: Path | None) -> DataConfig:
+    """The run's ``DataConfig``; fields this version does not know are ignored, ``data_dir`` replaces local_dir."""
+    known = {f.name for f in dataclasses.fields(DataConfig)}
+    fields = {k: v for k, v in config.get("data", {}).items() if k in known}
+    if data_dir is not None:
+        if fields.get("source") != "local":
+            raise DataError(f"--data-dir applies to data.source=local runs; this run used {fields.get('source')!r}")
+        fields["local_dir"] = str(data_dir)
+    try:
+        return DataConfig(**fields)
+    except ValueError as err:
+        raise DataError(f"the checkpoint's data config is invalid: {err}") from err
+
+
+def text_file(folder: Path, prefix: str, lang: str) -> Path:
+    """``folder/prefix.lang``, or its ``.gz`` when only that exists."""
+    plain = folder / f"{prefix}.{lang}"
+    gz = plain.with_name(plain.name + ".gz")
+    return gz if not plain.is_file() and gz.is_file() else plain
+
+
+def split_texts(cfg: DataConfig, split: str, seed: int, tokenizer) -> Texts:
+    """Source and reference sentences of the run's ``split``."""
+    if cfg.source == "local":
+        if not cfg.local_dir:
+            raise DataError("the run has data.source=local but no data.local_dir: pass --data-dir or --src/--ref")
+        folder = Path(cfg.local_dir)
+        prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
+        return read_parallel_text(text_file(folder, prefix, cfg.src_lang), text_file(folder, prefix, cfg.tgt_lang))
+    data = prepare_data(cfg, seed=seed, splits=(split,), tokenizer=tokenizer).splits[split]
+    return list(data.src_text), list(data.tgt_text)
+
+
+def git_sha() -> str | None:
+    """This checkout's commit, recorded with the scores (None outside a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tfx.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", type=Path, help="a checkpoint file or a run folder")
+    parser.add_argument("--split", default="test", choices=("valid", "test"), help="split of the run's dataset")
+    parser.add_argument("--avg", type=int, help="average the last N numbered checkpoints of the run first")
+    parser.add_argument("--src", type=Path, help="raw source file (instead of the run's split); needs --ref")
+    parser.add_argument("--ref", type=Path, help="raw reference file, line-aligned with --src")
+    parser.add_argument("--data-dir", type=Path, help="folder replacing the run's data.local_dir")
+    parser.add_argument("--tok-bleu", action="store_true", help="also print tokenized, lowercased (IWSLT'14) BLEU")
+    parser.add_argument("--output", type=Path, help="hypothesis file (default: <ckpt_stem>.<split>.hyp beside it)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_decoding_args(parser)
+    args = parser.parse_args(argv)
+    check_decoding_args(parser, args)
+    if (args.src is None) != (args.ref is None):
+        parser.error("--src and --ref go together")
+    if args.avg is not None and args.avg < 1:
+        parser.error("--avg must be >= 1")
+    return args
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """Translate and score; prints the report and returns what was written to the JSON file."""
+    ckpt_path = resolve_checkpoint(args.target, args.avg)
+    device = pick_device(args.device)
+    model, tokenizer, config = load_model(ckpt_path, device)
+    cfg = data_config(config, args.data_dir)
+    if args.src is not None:
+        split_name = args.src.name
+        src, refs = read_parallel_text(args.src, args.ref)
+    else:
+        split_name = args.split
+        src, refs = split_texts(cfg, args.split, config.get("train", {}).get("seed", 1), tokenizer)
+    if not src:
+        raise DataError(f"{split_name}: no sentences to translate")
+    hyps = translate_sentences(
+        model,
+        tokenizer,
+        src,
+        beam=args.beam,
+        lenpen=args.lenpen,
+        max_tokens=args.max_tokens,
+        device=device,
+        progress=not args.quiet,
+        autocast_dtype=torch.bfloat16 if args.bf16 else None,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+    )
+    hyp_path = args.output or ckpt_path.with_name(f"{ckpt_path.stem}.{split_name}.hyp")
+    write_text_atomic(hyp_path, hyps)
+    results = [corpus_bleu(hyps, refs)]
+    if args.tok_bleu:
+        results.append(tokenized_bleu(hyps, refs, cfg.tgt_lang))
+    print(f"checkpoint: {ckpt_path}  split: {split_name} ({len(src)} sentences, {cfg.src_lang}->{cfg.tgt_lang})")
+    print(f"decoding: beam {args.beam}, lenpen {args.lenpen}, max_len {args.max_len_a}*src+{args.max_len_b}")
+    print(f"hypotheses: {hyp_path}")
+    for result in results:
+        print(result)
+    report = {
+        "checkpoint": str(ckpt_path),
+        "split": split_name,
+        "sentences": len(src),
+        "decoding": {
+            "beam": args.beam,
+            "lenpen": args.lenpen,
+            "max_len_a": args.max_len_a,
+            "max_len_b": args.max_len_b,
+        },
+        "scores": [dataclasses.asdict(r) for r in results],
+        "git_sha": git_sha(),
+    }
+    write_text_atomic(hyp_path.with_name(hyp_path.name.removesuffix(".hyp") + ".bleu.json"), [json.dumps(report)])
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        evaluate(args)
+    except (CheckpointError, DataError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Translate raw sentences with a checkpoint (its config and sentencepiece model travel inside it).
+
+    python -m tfx.translate outputs/RUN/checkpoints/checkpoint_best.pt --input test.de --output test.hyp
+    echo "Ein Hund läuft." | python -m tfx.translate checkpoint_best.pt --beam 5
+
+One sentence per line in, one detokenized translation per line out, in input order. Errors are
+one line on stderr and a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from tfx.checkpoint import CheckpointError, build_from_checkpoint, load_checkpoint
+from tfx.data import DataError
+from tfx.decode import translate_sentences
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` = CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
+    return device
+
+
+def load_model(path: str | Path, device: torch.device):
+    """(model in eval mode, tokenizer, config dict); anything that does not fit is a one-line error."""
+    ckpt = load_checkpoint(path, map_location="cpu")
+    try:
+        return build_from_checkpoint(ckpt, device)
+    except (CheckpointError, DataError):
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise CheckpointError(
+            f"checkpoint {path} cannot be rebuilt ({type(err).__name__}: {first_line}): was it written by tfx.train?"
+        ) from err
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines without endings; ``split("\\n")`` rather than ``splitlines()``, which also breaks at
+    U+2028 and friends and would misalign input and output."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def read_text_lines(path: str | Path | None) -> list[str]:
+    """Lines of a UTF-8 file, or of stdin when ``path`` is None."""
+    if path is None:
+        return split_lines(sys.stdin.read())
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"input file {path} does not exist")
+    try:
+        return split_lines(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: invalid UTF-8 at byte {err.start}: re-encode the file as UTF-8") from err
+
+
+def write_text_atomic(path: str | Path, lines: Sequence[str]) -> None:
+    """Write lines to a temp file in the same folder and rename it over ``path``: readers (and a
+    crash) never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in lines)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_lines(path: str | Path | None, lines: Sequence[str]) -> None:
+    """To ``path`` atomically, or to stdout when ``path`` is None."""
+    if path is None:
+        sys.stdout.writelines(line + "\n" for line in lines)
+        sys.stdout.flush()
+    else:
+        write_text_atomic(path, lines)
+
+
+def add_decoding_args(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``tfx.translate`` and ``tfx.evaluate``."""
+    parser.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
+    parser.add_argument("--lenpen", type=float, default=1.0, help="length penalty: score = logprob / len**lenpen")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
+    parser.add_argument("--max-len-a", type=float, default=1.2, help="max output length = a * src_len + b")
+    parser.add_argument("--max-len-b", type=int, default=10, help="max output length = a * src_len + b")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--bf16", action="store_true", help="run the model under bf16 autocast")
+
+
+def check_decoding_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.beam < 1:
+        parser.error("--beam must be >= 1")
+    if args.max_tokens < 1:
+        parser.error("--max-tokens must be >= 1")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tfx.translate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", type=Path, help="a .pt file written by tfx.train (or tfx.average)")
+    parser.add_argument("--input", type=Path, help="raw source sentences, one per line (default: stdin)")
+    parser.add_argument("--output", type=Path, help="where to write translations (default: stdout)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_decoding_args(parser)
+    args = parser.parse_args(argv)
+    check_decoding_args(parser, args)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        device = pick_device(args.device)
+        model, tokenizer, _ = load_model(args.checkpoint, device)
+        sentences = read_text_lines(args.input)
+        hyps = translate_sentences(
+            model,
+            tokenizer,
+            sentences,
+            beam=args.beam,
+            lenpen=args.lenpen,
+            max_tokens=args.max_tokens,
+            device=device,
+            progress=args.input is not None and not args.quiet,
+            autocast_dtype=torch.bfloat16 if args.bf16 else None,
+            max_len_a=args.max_len_a,
+            max_len_b=args.max_len_b,
+        )
+        write_lines(args.output, hyps)
+    except (CheckpointError, DataError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
