@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigCompositionException, ValidationError
+from omegaconf.errors import ValidationError
 
 from tfx.config import Config, register_configs
 

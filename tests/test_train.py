@@ -46,7 +46,7 @@ def test_tiny_run_trains_and_checkpoints(tmp_path: Path) -> None:
     summary = train(tiny_cfg(tmp_path, max_updates=40), tmp_path / "run")
     losses = summary["losses"]
     assert len(losses) == 40 and summary["step"] == 40
-    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_last.pt")  # weights_only
     assert ckpt["step"] == 40 and ckpt["vocab_size"] > 0 and isinstance(ckpt["spm_model"], bytes)
     assert (tmp_path / "run" / "checkpoints" / "checkpoint_best.pt").exists()

@@ -42,7 +42,7 @@ class DataConfig:
     hub_splits: dict[str, str] = field(
         default_factory=lambda: {"train": "train", "valid": "validation", "test": "test"}
     )  # tfx split name -> hub split name
-    hub_data_files: dict[str, Any] | None = None  # tfx split -> local parquet file(s), bypasses the hub
+    hub_data_files: dict[str, Any] | None = None  # split (valid/validation) -> local parquet file(s); no hub
     hub_cache_dir: str | None = None  # datasets cache folder; null = HF default (~/.cache/huggingface)
     hub_timeout: float = 5.0  # seconds to wait for the hub before failing over to the offline cache
     # toy task (source=toy)

@@ -36,7 +36,7 @@ class RunLogger:
         if self.writer is None:
             return
         experiment, session_start, session_end = hparams(dict(params), dict(metrics))
-        file_writer = self.writer.get_file_writer()
+        file_writer = self.writer._get_file_writer()  # public API writes hparams to a sub-run
         for summary in (experiment, session_start, session_end):
             file_writer.add_summary(summary)
         for tag, value in metrics.items():

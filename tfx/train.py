@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ from tfx.optim import build_optimizer, lr_at, set_lr
 from tfx.validate import validate
 
 log = logging.getLogger("tfx.train")
+
+
+UpdateHook = Callable[["Trainer", dict[str, float]], None]
 
 
 class TrainingDiverged(RuntimeError):
@@ -112,8 +116,9 @@ def git_sha() -> str:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> None:
         self.cfg = cfg
+        self.on_update = on_update  # called after every update (studies measure things here)
         self.dist, self.device = distributed.setup(cfg.train.device)
         self.run_dir = Path(distributed.broadcast_object(str(run_dir)))
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -328,6 +333,8 @@ class Trainer:
                     self.losses.append(metrics["train/loss"])
                     window_tokens += metrics["train/ntokens"]
                     self._check_finite()
+                    if self.on_update is not None:
+                        self.on_update(self, metrics)
                     if self.state.step % t.log_every_updates == 0 or record:
                         elapsed = time.perf_counter() - window_start
                         metrics["train/tokens_per_s"] = window_tokens / max(elapsed, 1e-9)
@@ -428,10 +435,10 @@ class Trainer:
         self.logger.hparams(params, {"hparam/best_bleu": self.state.best_bleu, "hparam/updates": self.state.step})
 
 
-def train(cfg: Config, run_dir: Path) -> dict[str, Any]:
+def train(cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> dict[str, Any]:
     """Train one run into ``run_dir`` (resuming from its checkpoint_last.pt if present)."""
     try:
-        return Trainer(cfg, run_dir).run()
+        return Trainer(cfg, run_dir, on_update).run()
     finally:
         distributed.teardown()
 

@@ -68,3 +68,10 @@ def test_given_tokenizer_skips_training_split(tmp_path, monkeypatch):
     monkeypatch.setattr(spm.SentencePieceTrainer, "train", lambda **kw: pytest.fail("trained again"))
     corpus = prepare_data(toy_config(tmp_path / "other"), splits=("test",), tokenizer=tokenizer)
     assert set(corpus.splits) == {"test"} and corpus.tokenizer is tokenizer
+
+
+def test_empty_split_is_an_error(tmp_path):
+    folder = write_text_corpus(tmp_path / "c", {"train": PAIRS, "valid": [], "test": PAIRS})
+    cfg = DataConfig(source="local", local_dir=str(folder), vocab_size=200, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DataError, match=r"split valid of toy \(local\) has no sentences"):
+        prepare_data(cfg)

@@ -74,21 +74,26 @@ def prepare_data(
     for split in splits:
         check_split(split)
     texts = {split: load_split(cfg, split, seed) for split in splits}
+    if tokenizer is None and "train" not in texts:
+        texts["train"] = load_split(cfg, "train", seed)  # only to train (or find) the vocabulary
+    for split, (src_text, _) in texts.items():
+        if not src_text:
+            raise DataError(f"split {split} of {cfg.name} ({cfg.source}) has no sentences: check its files")
     if tokenizer is None:
-        train = texts["train"] if "train" in texts else load_split(cfg, "train", seed)
+        train = texts["train"]
         tokenizer = train_tokenizer({cfg.src_lang: train[0], cfg.tgt_lang: train[1]}, cfg.vocab_size,
                                     cfg.spm_model_type, cfg.spm_character_coverage, cfg.cache_dir,
                                     cfg.name, cfg.num_workers)
     encoded = {}
-    for split, (src_text, tgt_text) in texts.items():
+    for split in splits:
+        src_text, tgt_text = texts[split]
         data = EncodedSplit(encode_cached(tokenizer, src_text, cfg), encode_cached(tokenizer, tgt_text, cfg),
                             src_text, tgt_text)
         if split == "train":
             data = filter_train(data, cfg)
-        if len(data) == 0:
-            after = " after length filtering" if split == "train" else ""
-            raise DataError(f"split {split} of {cfg.name} is empty{after}: check the data files and "
-                            "data.max_source_positions / data.max_target_positions / data.max_len_ratio")
+            if len(data) == 0:
+                raise DataError(f"split train of {cfg.name} is empty after length filtering: check "
+                                "data.max_source_positions / data.max_target_positions / data.max_len_ratio")
         log.info("%s %s: %d pairs, %d/%d tokens (%s->%s)", cfg.name, split, len(data),
                  data.src_sizes.sum(), data.tgt_sizes.sum(), cfg.src_lang, cfg.tgt_lang)
         encoded[split] = data

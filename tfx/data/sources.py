@@ -252,7 +252,7 @@ def hub_split(cfg: DataConfig, split: str) -> Texts:
             field_hint = f"under field {cfg.hub_field!r} " if cfg.hub_field else ""
             raise DataError(
                 f"hub rows of split {split} have no language {lang!r} {field_hint}(fields present: "
-                f"{', '.join(present) or 'none'}); set data.src_lang/data.tgt_lang or data.hub_field"
+                f"{', '.join(present or table.column_names)}); set data.src_lang/tgt_lang or data.hub_field"
             )
         texts.append([s or "" for s in table.column(prefix + lang).to_pylist()])
     return texts[0], texts[1]

@@ -1,0 +1,65 @@
+"""BLEU wrappers: sacrebleu parity, signatures, and the fairseq IWSLT'14 tokenized convention."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+from tfx.bleu import DETOK, TOKENIZED, corpus_bleu, moses_tokenize, tokenized_bleu
+
+HYPS = ["The cat sat on a mat.", "Hello, world!", "Don't stop me now."]
+REFS = ["The cat sat on the mat.", "Hello world!", "Don't stop me now."]
+SIGNATURE_13A = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:"
+
+
+def test_corpus_bleu_matches_sacrebleu_and_carries_signatures() -> None:
+    result = corpus_bleu(HYPS, REFS)
+    assert result.score == pytest.approx(sacrebleu.corpus_bleu(HYPS, [REFS]).score)
+    assert result.chrf == pytest.approx(sacrebleu.corpus_chrf(HYPS, [REFS]).score)
+    assert result.signature.startswith(SIGNATURE_13A)
+    assert result.chrf_signature.startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:")
+    assert result.kind == DETOK
+    text = str(result)
+    assert SIGNATURE_13A in text and "detokenized" in text and "chrF2" in text
+    assert corpus_bleu(REFS, REFS).score == pytest.approx(100.0)
+
+
+def test_tokenized_bleu_lowercases_and_tokenizes() -> None:
+    hyps = ["Don't say \"R&D\", say research.", "The U.S."]
+    refs_raw = ["don't say \"r&d\" , say research .", "the U.S."]
+    refs_fairseq = ["don &apos;t say &quot; r &amp; d &quot; , say research .", "the u.s ."]  # prepare-iwslt14 output
+    assert corpus_bleu(hyps, refs_raw).score < 100.0
+    assert tokenized_bleu(hyps, refs_raw, "en").score == pytest.approx(100.0)
+    result = tokenized_bleu(hyps, refs_fairseq, "en", refs_tokenized=True)
+    assert result.score == pytest.approx(100.0)
+    assert result.kind == TOKENIZED and result.chrf is None
+    assert "case:lc" in result.signature and "tok:none" in result.signature and "moses:en" in result.signature
+    assert "tokenized BLEU" in str(result)
+
+
+def test_moses_rules_that_sacremoses_misses() -> None:
+    assert moses_tokenize(["It’s in the U.S.", "Wait...", "Done."], "en") == [
+        "It &apos;s in the U.S .",  # ’ -> ' (fairseq's sed), final period split (tokenizer.perl)
+        "Wait ...",
+        "Done .",
+    ]
+
+
+def test_misaligned_or_empty_inputs_are_refused() -> None:
+    with pytest.raises(ValueError, match="line-aligned"):
+        corpus_bleu(HYPS, REFS[:2])
+    with pytest.raises(ValueError, match="no sentences"):
+        tokenized_bleu([], [], "en")
+
+
+@pytest.mark.parametrize("lang", ["en", "de"])
+def test_reproduces_fairseq_iwslt14_references(shared_data: Path, lang: str) -> None:
+    """Raw IWSLT'14 test lines, tokenized our way, equal fairseq's prepare-iwslt14.sh output, except
+    the few lines whose '&' the IWSLT XML double-escaped (see shared/data/README.md)."""
+    raw = (shared_data / "iwslt14_deen_raw" / f"test.{lang}").read_text(encoding="utf-8").split("\n")[:1500]
+    ref = (shared_data / "iwslt14_deen_fairseq_tok" / f"test.{lang}").read_text(encoding="utf-8").split("\n")[:1500]
+    ours = [line.lower() for line in moses_tokenize(raw, lang)]
+    differ = [(a, b) for a, b in zip(ours, ref, strict=True) if a != b]
+    assert all("&amp; amp ;" in b or "&amp; gt ;" in b for _, b in differ), differ[:3]

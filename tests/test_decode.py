@@ -1,0 +1,199 @@
+"""Beam search and greedy decoding on tiny random models: exactness against references, constraints."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from tests.conftest import PAD, VOCAB, tiny_model
+from tfx.data import EOS, UNK
+from tfx.decode import (
+    beam_search,
+    beam_search_nbest,
+    greedy_decode,
+    length_batches,
+    length_normalized,
+    score_sequences,
+    translate_sentences,
+)
+from tfx.model import Transformer
+
+
+def sources(b: int = 4, s: int = 9, seed: int = 0) -> torch.Tensor:
+    """Right-padded sources of different lengths, each ending with EOS."""
+    src = torch.randint(4, VOCAB, (b, s), generator=torch.Generator().manual_seed(seed))
+    for i in range(b):
+        n = s - (i % 4)  # lengths s, s-1, s-2, s-3
+        src[i, n - 1] = EOS
+        src[i, n:] = PAD
+    return src
+
+
+def model_with_eos_bias(bias: float, seed: int = 0, **kw) -> Transformer:
+    """A tiny model whose EOS logit is shifted by ``bias``: +large stops at once, -large never stops."""
+    torch.manual_seed(seed)
+    model = tiny_model(**kw).eval()
+    shift = torch.zeros(model.vocab_size)
+    shift[EOS] = bias
+    model.decoder.register_forward_hook(lambda module, args, out: out + shift)
+    return model
+
+
+def seeded(seed: int, **kw) -> Transformer:
+    torch.manual_seed(seed)
+    return tiny_model(**kw).eval()
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_one_equals_greedy(seed: int, use_cache: bool) -> None:
+    model, src = seeded(seed), sources(seed=seed)
+    greedy = greedy_decode(model, src, use_cache=use_cache)
+    assert beam_search(model, src, beam=1, use_cache=use_cache) == greedy
+    constrained = dict(min_len=3, no_repeat_ngram=2, max_len_a=0.5, max_len_b=4)
+    assert beam_search(model, src, beam=1, **constrained) == greedy_decode(model, src, **constrained)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_cached_equals_uncached(beam: int) -> None:
+    model, src = seeded(0).double(), sources(b=5)
+    cached = beam_search_nbest(model, src, beam=beam, no_repeat_ngram=3)
+    uncached = beam_search_nbest(model, src, beam=beam, no_repeat_ngram=3, use_cache=False)
+    for a, b in zip(cached, uncached, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], rel=1e-9)
+    assert greedy_decode(model, src) == greedy_decode(model, src, use_cache=False)
+
+
+def test_batch_equals_one_by_one() -> None:
+    model, src = seeded(1).double(), sources(b=6, s=11)
+    batched = beam_search_nbest(model, src, beam=3, lenpen=0.6)
+    for i in range(src.size(0)):
+        alone = src[i : i + 1, : int(src[i].ne(PAD).sum())]  # no padding at all
+        single = beam_search_nbest(model, alone, beam=3, lenpen=0.6)[0]
+        assert [h.tokens for h in single] == [h.tokens for h in batched[i]]
+        assert [h.score for h in single] == pytest.approx([h.score for h in batched[i]], rel=1e-9)
+    assert greedy_decode(model, src) == [greedy_decode(model, src[i : i + 1])[0] for i in range(src.size(0))]
+
+
+def test_reported_scores_are_model_scores() -> None:
+    model, src = seeded(2).double(), sources()
+    lenpen = 1.3
+    best = [hyps[0] for hyps in beam_search_nbest(model, src, beam=4, lenpen=lenpen)]
+    logprobs = score_sequences(model, src, [h.tokens for h in best])
+    for h, lp in zip(best, logprobs.tolist(), strict=True):
+        assert h.logprob == pytest.approx(lp, rel=1e-9)
+        assert h.score == pytest.approx(length_normalized(lp, len(h.tokens), lenpen), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_large_beam_scores_at_least_greedy(seed: int) -> None:
+    model, src = seeded(seed).double(), sources(seed=seed)
+    greedy = greedy_decode(model, src)
+    greedy_lp = score_sequences(model, src, greedy).tolist()
+    beam = beam_search_nbest(model, src, beam=16, lenpen=1.0)
+    for g, g_lp, hyps in zip(greedy, greedy_lp, beam, strict=True):
+        assert hyps[0].score >= length_normalized(g_lp, len(g), 1.0) - 1e-9
+
+
+def test_beam_covering_every_prefix_is_exhaustive() -> None:
+    """Generable tokens {UNK, 4, 5, 6} (PAD and BOS never are), at most 3 of them: a beam of 128
+    holds every prefix, so beam search must return all 84 possible hypotheses, ranked exactly as
+    brute-force scoring ranks them."""
+    torch.manual_seed(0)
+    model = Transformer(7, PAD, 1, 1, d_model=16, ffn_dim=32, heads=2, dropout=0.0).eval().double()
+    src = torch.tensor([[4, 5, 6, EOS]])
+    lenpen = 0.7
+    nbest = beam_search_nbest(model, src, beam=128, lenpen=lenpen, max_len_a=0, max_len_b=3)[0]
+    every = [list(seq) for n in (1, 2, 3) for seq in itertools.product((UNK, 4, 5, 6), repeat=n)]
+    lps = score_sequences(model, src.expand(len(every), -1), every).tolist()
+    brute = sorted(((length_normalized(lp, len(h), lenpen), h) for h, lp in zip(every, lps, strict=True)), reverse=True)
+    assert len(nbest) == len(every)
+    assert [h.tokens for h in nbest] == [h for _, h in brute]
+    assert [h.score for h in nbest] == pytest.approx([s for s, _ in brute], rel=1e-9)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_min_len_and_max_len(beam: int) -> None:
+    src = sources()
+    src_lens = src.ne(PAD).sum(1).tolist()
+    eager = model_with_eos_bias(+1e4)  # wants to stop at once
+    assert all(len(h) == 1 for h in beam_search(eager, src, beam=beam))  # default min_len=1: never empty
+    assert all(len(h) == 0 for h in beam_search(eager, src, beam=beam, min_len=0))
+    assert all(len(h) == 5 for h in beam_search(eager, src, beam=beam, min_len=5))
+    endless = model_with_eos_bias(-1e4)  # never wants to stop: the length limit decides
+    out = beam_search(endless, src, beam=beam, max_len_a=0.5, max_len_b=2)
+    assert [len(h) for h in out] == [int(0.5 * n + 2) for n in src_lens]
+    # max_len < min_len: the maximum wins
+    assert all(len(h) == 2 for h in beam_search(eager, src, beam=beam, max_len_a=0, max_len_b=2, min_len=5))
+
+
+def test_length_capped_by_positions() -> None:
+    torch.manual_seed(0)
+    model = tiny_model(max_positions=12).eval()
+    model.decoder.register_forward_hook(lambda module, args, out: out - 1e4 * (torch.arange(out.size(-1)) == EOS))
+    out = beam_search(model, sources(), beam=2, max_len_a=10, max_len_b=100)
+    assert all(len(h) == 11 for h in out)  # BOS + 11 tokens fill the 12 positions
+
+
+def repeated_ngrams(seq: list[int], n: int) -> bool:
+    grams = [tuple(seq[i : i + n]) for i in range(len(seq) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_no_repeat_ngram(beam: int) -> None:
+    model = model_with_eos_bias(-1e4, seed=3)
+    src = sources(b=4, s=12)
+    free = beam_search(model, src, beam=beam, max_len_b=30)
+    assert any(repeated_ngrams(h, 2) for h in free)  # an untrained model loops: the test has teeth
+    for n in (1, 2, 3):
+        blocked = beam_search(model, src, beam=beam, max_len_b=30, no_repeat_ngram=n)
+        assert not any(repeated_ngrams(h, n) for h in blocked)
+        assert all(len(h) == int(1.2 * len_s + 30) for h, len_s in zip(blocked, src.ne(PAD).sum(1).tolist()))
+
+
+def test_eval_mode_and_training_flag_restored() -> None:
+    model = seeded(0, dropout=0.5)
+    src = sources()
+    expected = beam_search(model, src, beam=3)
+    model.train()
+    assert beam_search(model, src, beam=3) == expected  # no dropout while decoding
+    assert model.training
+
+
+def test_bf16_autocast_runs() -> None:
+    model, src = seeded(0), sources()
+    out = beam_search(model, src, beam=2, autocast_dtype=torch.bfloat16)
+    assert len(out) == src.size(0) and all(isinstance(t, int) for h in out for t in h)
+
+
+def test_length_batches_cover_every_index_within_budget() -> None:
+    lengths = [5, 17, 3, 9, 9, 30, 1, 12]
+    batches = length_batches(lengths, max_tokens=40, batch_size=3)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) <= 3
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 40
+
+
+class WordTokenizer:
+    """Whitespace words <-> ids 4.. (enough of the Tokenizer API for translate_sentences)."""
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [[4 + (sum(map(ord, w)) % 46) for w in t.split()] for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(f"w{i}" for i in ids)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_sentences_keeps_input_order(beam: int) -> None:
+    model, tok = seeded(0), WordTokenizer()
+    sentences = ["a b c d e f", "x", "", "p q r", "a b c d e f g h i j", "m n"]
+    together = translate_sentences(model, tok, sentences, beam=beam, max_tokens=12)
+    alone = [translate_sentences(model, tok, [s], beam=beam)[0] for s in sentences]
+    assert together == alone
+    assert translate_sentences(model, tok, [], beam=beam) == []
