@@ -27,8 +27,8 @@ def test_corpus_bleu_matches_sacrebleu_and_carries_signatures() -> None:
 
 
 def test_tokenized_bleu_lowercases_and_tokenizes() -> None:
-    hyps = ["Don't say \"R&D\", say research.", "The U.S."]
-    refs_raw = ["don't say \"r&d\" , say research .", "the U.S."]
+    hyps = ['Don\'t say "R&D", say research.', "The U.S."]
+    refs_raw = ['don\'t say "r&d" , say research .', "the U.S."]
     refs_fairseq = ["don &apos;t say &quot; r &amp; d &quot; , say research .", "the u.s ."]  # prepare-iwslt14 output
     assert corpus_bleu(hyps, refs_raw).score < 100.0
     assert tokenized_bleu(hyps, refs_raw, "en").score == pytest.approx(100.0)

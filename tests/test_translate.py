@@ -26,7 +26,7 @@ from tfx.decode import translate_sentences
 from tfx.model import build_model
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = "ein hund katze läuft schnell über die wiese a dog cat runs fast across the meadow house red blue".split()
+WORDS = ["ein", "hund", "katze", "läuft", "schnell", "über", "die", "wiese", "und", "a", "dog", "cat", "runs", "fast"]
 SENTENCES = ["Ein Hund läuft.", "Die Katze", "", "ein roter Hund läuft schnell über die Wiese und weiter", "x"]
 
 

@@ -318,8 +318,9 @@ def _greedy(
         constrain(lprobs, tokens[:, 1 : step + 1], step, min_len, sent_max[active], no_repeat)
         next_tok = lprobs.argmax(-1)  # (N,)
         done = next_tok.eq(EOS) | ~lprobs.max(-1).values.isfinite()
+        sent = active.tolist()
         for i in done.nonzero().squeeze(1).tolist():
-            out[active[i]] = tokens[i, 1 : step + 1].tolist()
+            out[sent[i]] = tokens[i, 1 : step + 1].tolist()
         if done.all():
             break
         if done.any():

@@ -136,6 +136,7 @@ class Trainer:
         self.resumed_from = self._maybe_resume()
         self.net: nn.Module = self._wrap(self.model)
         self.logger = RunLogger(self.run_dir if self.dist.is_main else None)
+        self._validated_at = -1  # update of the latest validation (never validate twice at one update)
         self.losses: list[float] = []  # per-update train loss of this process (tests compare these)
 
     # ----------------------------------------------------------------- setup
@@ -290,6 +291,9 @@ class Trainer:
         return distributed.all_reduce_sum(local, self.device) > 0
 
     def _validate(self) -> None:
+        if self._validated_at == self.state.step:
+            return
+        self._validated_at = self.state.step
         if self.dist.is_main:
             result = validate(self.model, self.corpus, self.cfg, self.device, self.bf16)
             improved = result.bleu > self.state.best_bleu
@@ -365,7 +369,7 @@ class Trainer:
 
     def _finish(self, stop: StopSignal) -> dict[str, Any]:
         if stop.received is None:
-            self._validate()
+            self._validate()  # no-op when the last epoch end already validated this update
         self.save()
         if stop.received is not None:
             log.warning(

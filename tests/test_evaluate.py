@@ -1,0 +1,93 @@
+"""``scripts/eval_bleu.sh`` / ``python -m tfx.evaluate`` on tiny checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.test_average import make_run
+from tests.test_translate import REPO, synthetic_text, tiny_config, write_checkpoint
+from tfx import evaluate
+from tfx.config import DataConfig
+
+SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:"
+
+
+def eval_bleu(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = REPO / "scripts" / "eval_bleu.sh"
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=env, cwd=cwd)
+
+
+def write_parallel(folder: Path, prefix: str, n: int = 6) -> tuple[Path, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    src, ref = folder / f"{prefix}.de", folder / f"{prefix}.en"
+    src.write_text("\n".join(synthetic_text(n, seed=1)) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(synthetic_text(n, seed=2)) + "\n", encoding="utf-8")
+    return src, ref
+
+
+def test_script_prints_bleu_with_signature(tmp_path: Path) -> None:
+    ckpt = write_checkpoint(tmp_path / "ckpt" / "checkpoint_best.pt")
+    src, ref = write_parallel(tmp_path / "data", "test")
+    result = eval_bleu(str(ckpt), "--src", str(src), "--ref", str(ref), "--beam", "2", "--device", "cpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert any(line.startswith("BLEU = ") and SIGNATURE in line for line in result.stdout.splitlines())
+    assert "chrF2 = " in result.stdout
+    hyp = ckpt.with_name("checkpoint_best.test.de.hyp")
+    assert len(hyp.read_text(encoding="utf-8").split("\n")) == 6 + 1
+    report = json.loads(ckpt.with_name("checkpoint_best.test.de.bleu.json").read_text())
+    assert report["scores"][0]["signature"].startswith(SIGNATURE) and report["decoding"]["beam"] == 2
+
+
+def test_script_missing_checkpoint_fails(tmp_path: Path) -> None:
+    src, ref = write_parallel(tmp_path, "test")
+    result = eval_bleu(str(tmp_path / "nowhere.pt"), "--src", str(src), "--ref", str(ref), cwd=tmp_path)
+    assert result.returncode != 0
+    assert result.stderr.startswith("error:") and result.stderr.count("\n") == 1
+    assert eval_bleu(cwd=tmp_path).returncode != 0  # no arguments: usage
+
+
+def test_run_dir_with_average_on_the_toy_split(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--avg N averages the last N numbered checkpoints; the toy test split is rebuilt from the config."""
+    data = DataConfig(source="toy", toy_test_size=5, toy_valid_size=5, cache_dir=str(tmp_path / "cache"))
+    ckpts = tmp_path / "run" / "checkpoints"
+    for i, step in enumerate([100, 200, 300]):
+        write_checkpoint(ckpts / f"checkpoint_{i + 1}_{step}.pt", seed=i, step=step, config=tiny_config(data))
+    args = [str(tmp_path / "run"), "--avg", "2", "--beam", "2", "--tok-bleu", "--quiet", "--device", "cpu"]
+    assert evaluate.main(args) == 0
+    out = capsys.readouterr().out
+    assert SIGNATURE in out and "tokenized BLEU" in out and "case:lc" in out
+    assert "split: test (5 sentences" in out
+    assert (ckpts / "checkpoint_avg2.pt").is_file() and (ckpts / "checkpoint_avg2.test.hyp").is_file()
+
+
+def test_local_split_relative_to_cwd_and_data_dir_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    write_parallel(tmp_path / "corpus", "dev", n=4)
+    write_parallel(tmp_path / "elsewhere", "dev", n=3)
+    data = DataConfig(source="local", local_dir="corpus", valid_prefix="dev")
+    ckpt = write_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_best.pt", config=tiny_config(data))
+    monkeypatch.chdir(tmp_path)
+    assert evaluate.main(["run", "--split", "valid", "--beam", "1", "--quiet"]) == 0
+    assert "split: valid (4 sentences" in capsys.readouterr().out
+    assert len(ckpt.with_name("checkpoint_best.valid.hyp").read_text().splitlines()) == 4
+    assert evaluate.main(["run", "--split", "valid", "--beam", "1", "--quiet", "--data-dir", "elsewhere"]) == 0
+    assert "split: valid (3 sentences" in capsys.readouterr().out
+    assert evaluate.main(["run", "--split", "test", "--quiet"]) == 1  # corpus/test.* does not exist
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1
+
+
+def test_run_dir_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = make_run(tmp_path)
+    (run / "checkpoints" / "checkpoint_best.pt").unlink()
+    assert evaluate.main([str(run), "--quiet"]) == 1
+    assert "no checkpoint_best.pt" in capsys.readouterr().err
+    assert evaluate.main([str(run), "--avg", "9", "--quiet"]) == 1
+    assert "cannot average the last 9" in capsys.readouterr().err
