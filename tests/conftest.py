@@ -9,6 +9,9 @@ import torch
 
 from tfx.model import Transformer
 
+# Tests run tiny models: one thread avoids oversubscription (and 10x slowdowns on a busy 2-core box).
+torch.set_num_threads(1)
+
 SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 VOCAB, PAD = 50, 0
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_translate import spm_model_bytes, synthetic_text, tiny_config, write_checkpoint
+from tests.checkpoint_helpers import spm_model_bytes, synthetic_text, tiny_config, write_checkpoint
 from tfx import average
 from tfx.average import average_checkpoints, last_checkpoints
 from tfx.checkpoint import CheckpointError, build_from_checkpoint, load_checkpoint

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.checkpoint_helpers import REPO, synthetic_text, tiny_config, write_checkpoint
 from tests.test_average import make_run
-from tests.test_translate import REPO, synthetic_text, tiny_config, write_checkpoint
 from tfx import evaluate
 from tfx.config import DataConfig
 

@@ -118,7 +118,7 @@ def test_two_process_gloo_ddp_matches_single_process(tmp_path: Path) -> None:
 TINY_OVERRIDES = [
     "model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=32", "model.ffn_dim=64",
     "data.toy_train_size=400", "data.toy_valid_size=16", "train.valid_max_sentences=8", "train.progress=false",
-    "train.threads=1",
+    "train.threads=1", "data.max_tokens=512",
 ]  # fmt: skip
 
 
@@ -146,3 +146,22 @@ def test_cli_rejects_bad_config_with_one_line(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "init.name=tfixup needs model.norm=none" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_iwslt_experiment_runs_on_local_files_in_hub_format(tmp_path: Path) -> None:
+    """The real `+experiment=iwslt` path (datasets parquet loader, nested `translation` rows), offline."""
+    from tests.data.helpers import PAIRS, write_hub_parquet
+
+    files = {split: write_hub_parquet(tmp_path / f"{split}.parquet", PAIRS * n, nested=True)
+             for split, n in (("train", 40), ("valid", 2), ("test", 2))}  # fmt: skip
+    data_files = "{" + ",".join(f"{split}:{path}" for split, path in files.items()) + "}"
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tfx.train", "+experiment=iwslt", f"data.hub_data_files={data_files}",
+           f"hydra.run.dir={run_dir}", f"data.cache_dir={tmp_path / 'cache'}", "train.max_updates=3",
+           "train.valid_beam=2", *TINY_OVERRIDES]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ckpt = load_checkpoint(run_dir / "checkpoints" / "checkpoint_last.pt")
+    assert ckpt["step"] == 3 and ckpt["config"]["experiment"] == "iwslt"
+    assert ckpt["config"]["model"]["norm"] == "none" and ckpt["config"]["init"]["name"] == "tfixup"

@@ -298,12 +298,14 @@ class Trainer:
             result = validate(self.model, self.corpus, self.cfg, self.device, self.bf16)
             improved = result.bleu > self.state.best_bleu
             self.state.best_bleu = max(self.state.best_bleu, result.bleu)
-            metrics = {**result.metrics, "valid/best_bleu": self.state.best_bleu}
+            minutes = self.state.train_seconds / 60
+            metrics = {**result.metrics, "valid/best_bleu": self.state.best_bleu, "valid/train_minutes": minutes}
             self.logger.scalars(metrics, self.state.step)
             self.logger.translations("valid/samples", result.samples, self.state.step)
             log.info(
-                "validation at update %d: loss %.3f | BLEU %.2f (best %.2f) | %s",
+                "validation at update %d (%.1f train min): loss %.3f | BLEU %.2f (best %.2f) | %s",
                 self.state.step,
+                minutes,
                 result.metrics["valid/loss"],
                 result.bleu,
                 self.state.best_bleu,

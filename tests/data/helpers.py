@@ -22,8 +22,13 @@ PAIRS = [
 
 def toy_config(tmp_path: Path, **overrides) -> DataConfig:
     """A small toy corpus (fast spm training) with its cache in ``tmp_path``."""
-    base = {"toy_train_size": 400, "toy_valid_size": 30, "toy_test_size": 20, "vocab_size": 200,
-            "cache_dir": str(tmp_path / "cache")}
+    base = {
+        "toy_train_size": 400,
+        "toy_valid_size": 30,
+        "toy_test_size": 20,
+        "vocab_size": 200,
+        "cache_dir": str(tmp_path / "cache"),
+    }
     return DataConfig(**{**base, **overrides})
 
 
@@ -53,4 +58,3 @@ def write_hub_parquet(path: Path, pairs: list[tuple[str, str]], nested: bool) ->
     metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
     pq.write_table(table.replace_schema_metadata(metadata), path)
     return path
-

@@ -43,8 +43,9 @@ def test_order_is_deterministic_per_seed_and_epoch(train):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_get_disjoint_equal_shares_covering_every_example(train, world_size):
     for max_tokens in (150, 173, 400):  # different batch counts, divisible or not
-        shares = [make_batches(train, max_tokens, seed=3, epoch=2, rank=r, world_size=world_size)
-                  for r in range(world_size)]
+        shares = [
+            make_batches(train, max_tokens, seed=3, epoch=2, rank=r, world_size=world_size) for r in range(world_size)
+        ]
         assert len({len(share) for share in shares}) == 1
         seen = [i for share in shares for b in share for i in b]
         assert sorted(seen) == list(range(len(train)))

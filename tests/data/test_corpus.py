@@ -48,8 +48,13 @@ def test_cache_key_follows_content(tmp_path):
 def test_length_filter_applies_to_train_only(tmp_path, caplog):
     long_pair = (" ".join(["Hund"] * 30), "dog")
     folder = write_text_corpus(tmp_path / "c", {s: [*PAIRS, long_pair] for s in ("train", "valid", "test")})
-    cfg = DataConfig(source="local", local_dir=str(folder), vocab_size=200, max_source_positions=20,
-                     cache_dir=str(tmp_path / "cache"))
+    cfg = DataConfig(
+        source="local",
+        local_dir=str(folder),
+        vocab_size=200,
+        max_source_positions=20,
+        cache_dir=str(tmp_path / "cache"),
+    )
     with caplog.at_level("INFO", logger="tfx.data"):
         corpus = prepare_data(cfg)
     assert len(corpus.splits["train"]) == len(PAIRS)

@@ -19,8 +19,9 @@ def multi30k_dir():
 
 
 def test_multi30k_both_directions(multi30k_dir, tmp_path):
-    cfg = DataConfig(source="local", name="multi30k", local_dir=str(multi30k_dir), vocab_size=8000,
-                     cache_dir=str(tmp_path / "cache"))
+    cfg = DataConfig(
+        source="local", name="multi30k", local_dir=str(multi30k_dir), vocab_size=8000, cache_dir=str(tmp_path / "cache")
+    )
     corpus = prepare_data(cfg)
     assert {k: len(v) for k, v in corpus.splits.items()} == {"train": 29000, "valid": 1014, "test": 1000}
     assert corpus.tokenizer.vocab_size == 8000

@@ -85,12 +85,18 @@ def test_unknown_split_is_refused(tmp_path):
 
 @pytest.mark.parametrize("nested", [True, False], ids=["translation-field", "flat-rows"])
 def test_hub_parquet_round_trip(tmp_path, nested):
-    files = {split: str(write_hub_parquet(tmp_path / f"{split}.parquet", PAIRS, nested))
-             for split in ("train", "validation", "test")}
-    cfg = DataConfig(source="hub", name="hubtest", hub_field="translation" if nested else None,
-                     hub_data_files={"train": files["train"], "validation": files["validation"],
-                                     "test": files["test"]},
-                     vocab_size=200, cache_dir=str(tmp_path / "cache"))
+    files = {
+        split: str(write_hub_parquet(tmp_path / f"{split}.parquet", PAIRS, nested))
+        for split in ("train", "validation", "test")
+    }
+    cfg = DataConfig(
+        source="hub",
+        name="hubtest",
+        hub_field="translation" if nested else None,
+        hub_data_files={"train": files["train"], "validation": files["validation"], "test": files["test"]},
+        vocab_size=200,
+        cache_dir=str(tmp_path / "cache"),
+    )
     corpus = prepare_data(cfg)
     for split in ("train", "valid", "test"):
         assert corpus.splits[split].src_text == [de for de, _ in PAIRS]
@@ -100,8 +106,13 @@ def test_hub_parquet_round_trip(tmp_path, nested):
 
 def test_hub_missing_language_names_language_and_fields(tmp_path):
     path = write_hub_parquet(tmp_path / "train.parquet", PAIRS, nested=True)
-    cfg = DataConfig(source="hub", hub_field="translation", src_lang="fr",
-                     hub_data_files={"train": str(path)}, cache_dir=str(tmp_path / "cache"))
+    cfg = DataConfig(
+        source="hub",
+        hub_field="translation",
+        src_lang="fr",
+        hub_data_files={"train": str(path)},
+        cache_dir=str(tmp_path / "cache"),
+    )
     expected = r"no language 'fr' under field 'translation' \(fields present: de, en\)"
     with pytest.raises(DataError, match=expected):
         prepare_data(cfg, splits=("train",))
@@ -109,9 +120,15 @@ def test_hub_missing_language_names_language_and_fields(tmp_path):
 
 def test_hub_offline_fails_fast_with_local_alternatives(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "hub_reachable", lambda timeout: False)  # as on a machine without network
-    cfg = DataConfig(source="hub", hub_name="IWSLT/iwslt2017", hub_config="iwslt2017-de-en",
-                     hub_revision="refs/convert/parquet", hub_field="translation",
-                     hub_cache_dir=str(tmp_path / "hf"), cache_dir=str(tmp_path / "cache"))
+    cfg = DataConfig(
+        source="hub",
+        hub_name="IWSLT/iwslt2017",
+        hub_config="iwslt2017-de-en",
+        hub_revision="refs/convert/parquet",
+        hub_field="translation",
+        hub_cache_dir=str(tmp_path / "hf"),
+        cache_dir=str(tmp_path / "cache"),
+    )
     start = time.monotonic()
     with pytest.raises(DataError) as err:
         prepare_data(cfg)
