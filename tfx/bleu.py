@@ -96,7 +96,7 @@ def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lang: str, refs_tok
     _check(hyps, refs)
     tok_hyps = moses_tokenize(hyps, lang)
     tok_refs = list(refs) if refs_tokenized else moses_tokenize(refs, lang)
-    bleu = BLEU(tokenize="none", lowercase=True)
+    bleu = BLEU(tokenize="none", lowercase=True, force=True)  # input is tokenized on purpose
     b = bleu.corpus_score(tok_hyps, [tok_refs])
     signature = f"{bleu.get_signature()}|moses:{lang}-escape"
     return BleuResult(b.score, signature, None, None, TOKENIZED, _detail(b))
