@@ -30,7 +30,7 @@ by < 3% over a few hundred updates:
 2. ``xavier``         norm none, Xavier init, no warmup;
 3. ``postln``         Post-LN, Xavier, no warmup;
 4. ``postln_warmup``  Post-LN, Xavier, fairseq inverse-sqrt warmup over ``--warmup-fraction``
-                      of the updates (default 1/4: 50 of 200), from 1e-7, then lr * sqrt(W / t);
+                      of the updates (default 1/4: 38 of 150), from 1e-7, then lr * sqrt(W / t);
 5. ``preln``          Pre-LN (final LayerNorm per stack), Xavier, no warmup.
 
 Outputs under ``--out``: ``runs/<config>_N<depth>/`` (one trainer run folder each; TensorBoard:
@@ -45,7 +45,7 @@ go in parallel processes, deepest first. Dropout defaults to 0: it costs ~40% of
 time here and this study is about optimization stability, not regularization.
 
 Usage: ``python scripts/depth_study.py --out outputs/depth_study [--depths 6 24 100 200]
-[--configs tfixup xavier ...] [--updates 200] [--d-model 64] [--data multi30k --local-dir ../shared/data/multi30k]``
+[--configs tfixup xavier ...] [--updates 150] [--d-model 64] [--data multi30k --local-dir ../shared/data/multi30k]``
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ import multiprocessing
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -108,7 +109,7 @@ class StudySettings:
     data: DataConfig
     depths: list[int] = field(default_factory=lambda: list(DEFAULT_DEPTHS))
     configs: list[str] = field(default_factory=lambda: list(VARIANTS))
-    updates: int = 200
+    updates: int = 150
     d_model: int = 64
     ffn_dim: int = 128
     heads: int = 4
@@ -120,7 +121,7 @@ class StudySettings:
     threads: int = 1
     jobs: int = 2
     probe_updates: int = 100
-    probe_sentences: int = 16
+    probe_sentences: int = 8
     valid_max_sentences: int = 4
     checkpoint_activations: bool = False
     keep_checkpoints: bool = False
@@ -339,20 +340,28 @@ def run_one(spec: RunSpec) -> RunResult:
     )  # fmt: skip
 
 
-def run_all(specs: list[RunSpec], jobs: int) -> list[RunResult]:
-    """Sequentially in this process (``jobs == 1``) or in ``jobs`` spawned worker processes."""
-    results = []
+def run_all(specs: list[RunSpec], jobs: int, on_result: Callable[[list[RunResult]], None]) -> list[RunResult]:
+    """Sequentially in this process (``jobs == 1``) or in ``jobs`` spawned worker processes.
+
+    ``on_result`` gets the results so far after each run, so a long study that is stopped
+    still leaves its finished rows behind.
+    """
+    results: list[RunResult] = []
+
+    def done(result: RunResult) -> None:
+        results.append(result)
+        report_progress(result, len(results), len(specs))
+        on_result(results)
+
     if jobs == 1:
-        for i, spec in enumerate(specs, 1):
-            results.append(run_one(spec))
-            report_progress(results[-1], i, len(specs))
+        for spec in specs:
+            done(run_one(spec))
         return results
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         futures = [pool.submit(run_one, spec) for spec in specs]
-        for i, future in enumerate(as_completed(futures), 1):
-            results.append(future.result())
-            report_progress(results[-1], i, len(specs))
+        for future in as_completed(futures):
+            done(future.result())
     return results
 
 
@@ -378,7 +387,10 @@ def markdown_table(results: list[RunResult], configs: list[str], depths: list[in
     ]
     for config in configs:
         for depth in sorted(depths):
-            r = by_key[config, depth]
+            r = by_key.get((config, depth))
+            if r is None:
+                lines.append(f"| {config} | {depth} | not run yet | | | | | |")
+                continue
             lines.append(
                 f"| {config} | {depth} | {fmt(r.final_loss)} | {fmt(r.valid_loss)} | {r.diverged} | "
                 f"{fmt(r.max_output_change, '.3g')} | {r.skipped_steps} | {r.seconds:.0f} |"
@@ -394,8 +406,9 @@ def write_markdown(path: Path, settings: StudySettings, results: list[RunResult]
 {s.updates} updates per run, data `{s.data.name}` (max_tokens {s.data.max_tokens}), d_model {s.d_model},
 ffn {s.ffn_dim}, {s.heads} heads, dropout {s.dropout}, Adam lr {s.lr:g} (betas 0.9/0.98), fp32, seed {s.seed}.
 Warmup (postln_warmup only): linear over {s.warmup_updates} updates from 1e-7, then inverse-sqrt.
-Others: no warmup, lr * sqrt(4000 / (4000 + t)). {len(results)} runs, {s.jobs} parallel job(s) x
-{s.threads} thread(s), wall time {wall / 60:.1f} min.
+Others: no warmup, lr * sqrt(4000 / (4000 + t)).
+{len(results)} of {len(s.configs) * len(s.depths)} runs done, {s.jobs} parallel job(s) x {s.threads} thread(s),
+wall time {wall / 60:.1f} min.
 
 {configs}
 
@@ -436,7 +449,9 @@ def plot(path: Path, results: list[RunResult], configs: list[str], depths: list[
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), sharex=True, sharey=True, squeeze=False)
     for ax, config in zip(axes.flat, configs, strict=False):
         for depth, color in zip(sorted(depths), colors, strict=True):
-            r = by_key[config, depth]
+            r = by_key.get((config, depth))
+            if r is None:
+                continue
             finite = [v if math.isfinite(v) else math.nan for v in r.losses]
             label = f"N={depth}" + ("" if r.diverged == "no" else f" ({r.diverged})")
             ax.plot(range(1, len(finite) + 1), running_mean(finite, SMOOTH), color=color, label=label)
@@ -445,7 +460,8 @@ def plot(path: Path, results: list[RunResult], configs: list[str], depths: list[
         ax.set_title(VARIANTS[config].label, fontsize=9)
         ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
     for ax in axes[-1]:
         ax.set_xlabel("update")
     for ax in axes[:, 0]:
@@ -474,12 +490,14 @@ def run_study(settings: StudySettings) -> list[RunResult]:
     settings.out.mkdir(parents=True, exist_ok=True)
     prepare_data(settings.data, seed=settings.seed)  # build the vocabulary cache once, before any worker
     tic = time.perf_counter()
-    results = run_all(plan_runs(settings), settings.jobs)
-    wall = time.perf_counter() - tic
-    write_markdown(settings.out / "depth_study.md", settings, results, wall)
-    write_json(settings.out / "depth_study.json", settings, results, wall)
-    plot(settings.out / "depth_study.png", results, settings.configs, settings.depths)
-    return results
+
+    def write_outputs(results: list[RunResult]) -> None:
+        wall = time.perf_counter() - tic
+        write_markdown(settings.out / "depth_study.md", settings, results, wall)
+        write_json(settings.out / "depth_study.json", settings, results, wall)
+        plot(settings.out / "depth_study.png", results, settings.configs, settings.depths)
+
+    return run_all(plan_runs(settings), settings.jobs, write_outputs)
 
 
 def data_config(name: str, local_dir: str | None, max_tokens: int, cache_dir: str) -> DataConfig:
@@ -497,7 +515,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("outputs/depth_study"))
     p.add_argument("--depths", type=int, nargs="+", default=list(DEFAULT_DEPTHS), help="layers per side")
     p.add_argument("--configs", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--updates", type=int, default=200, help="updates per run")
+    p.add_argument("--updates", type=int, default=150, help="updates per run")
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--ffn-dim", type=int, default=None, help="default: 2 x d_model")
     p.add_argument("--heads", type=int, default=4)
@@ -509,7 +527,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--local-dir", default=None, help="folder of <split>.<lang> files (default ../shared/data/NAME)")
     p.add_argument("--cache-dir", default="data/cache", help="sentencepiece / encoded-data cache")
     p.add_argument("--probe-updates", type=int, default=100)
-    p.add_argument("--probe-sentences", type=int, default=16)
+    p.add_argument("--probe-sentences", type=int, default=8)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")

@@ -42,7 +42,9 @@ class DataConfig:
     hub_splits: dict[str, str] = field(
         default_factory=lambda: {"train": "train", "valid": "validation", "test": "test"}
     )  # tfx split name -> hub split name
-    hub_data_files: dict[str, Any] | None = None  # split (valid/validation) -> local parquet file(s); no hub
+    # split -> local parquet file(s) in the hub's layout, bypassing the hub. The keys exist up front
+    # so that the command-line override data.hub_data_files={train: a,valid: b,test: c} merges.
+    hub_data_files: dict[str, Any] = field(default_factory=lambda: {"train": None, "valid": None, "test": None})
     hub_cache_dir: str | None = None  # datasets cache folder; null = HF default (~/.cache/huggingface)
     hub_timeout: float = 5.0  # seconds to wait for the hub before failing over to the offline cache
     # toy task (source=toy)
@@ -83,7 +85,7 @@ class DataConfig:
         unknown = set(self.hub_splits) - {"train", "valid", "test"}
         _require(not unknown, f"data.hub_splits keys {sorted(unknown)}: use train, valid, test")
         _require(
-            self.source != "hub" or bool(self.hub_name or self.hub_data_files),
+            self.source != "hub" or bool(self.hub_name or any(self.hub_data_files.values())),
             "data.source=hub needs data.hub_name=NAME or data.hub_data_files={split: file.parquet}",
         )
         _require(2 <= self.toy_vocab <= 2000, "data.toy_vocab must be in [2, 2000]")

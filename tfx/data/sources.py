@@ -199,7 +199,7 @@ def offline_mode() -> Iterator[None]:
 def hub_data_files(cfg: DataConfig, split: str) -> str | list[str] | None:
     """Local parquet file(s) for ``split``; keys may be tfx names (valid) or hub names (validation)."""
     files = cfg.hub_data_files or {}
-    found = files[split] if split in files else files.get(cfg.hub_splits.get(split, split))
+    found = files.get(split) or files.get(cfg.hub_splits.get(split, split))
     if found is None or isinstance(found, str):
         return found
     return [str(f) for f in found]  # an OmegaConf ListConfig is not a list to datasets
