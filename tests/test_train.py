@@ -165,3 +165,15 @@ def test_iwslt_experiment_runs_on_local_files_in_hub_format(tmp_path: Path) -> N
     ckpt = load_checkpoint(run_dir / "checkpoints" / "checkpoint_last.pt")
     assert ckpt["step"] == 3 and ckpt["config"]["experiment"] == "iwslt"
     assert ckpt["config"]["model"]["norm"] == "none" and ckpt["config"]["init"]["name"] == "tfixup"
+
+
+@pytest.mark.slow
+def test_multirun_sweep_makes_self_describing_folders(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "tfx.train", "-m", "model.encoder_layers=1,2", "train.max_updates=2",
+           f"hydra.sweep.dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}", *TINY_OVERRIDES[1:]]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    runs = sorted(p.name for p in tmp_path.iterdir() if (p / "checkpoints" / "checkpoint_last.pt").exists())
+    assert len(runs) == 2
+    for n, name in zip((1, 2), runs, strict=True):
+        assert f",model.encoder_layers={n}," in name and "train.max_updates=2" in name
