@@ -152,7 +152,7 @@ class Trainer:
     def _wrap(self, model: nn.Module) -> nn.Module:
         net = model
         if self.cfg.train.compile:
-            net = torch.compile(net)
+            net = torch.compile(net, dynamic=True)  # token-bucketed batches change shape every step
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
             net = nn.parallel.DistributedDataParallel(net, device_ids=ids)
