@@ -231,6 +231,8 @@ class Trainer:
         self.net.train()
         loss_sum = nll_sum = 0.0
         for i, batch in enumerate(batches):
+            if self.device.type == "cuda":
+                batch = batch.pin_memory()  # pinned host memory makes the non_blocking copy truly async
             batch = batch.to(self.device, non_blocking=True)
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or not self.dist.enabled else self.net.no_sync()
