@@ -19,8 +19,9 @@ trains the same small model at several depths under five configurations and reco
   first ``--probe-updates`` applied updates; with z_t the decoder's logits (B, T, V) at θ_t and
   P the set of non-pad target positions, ``Δf_t = sqrt(mean_{p∈P, v} (z_t[p, v] - z_{t-1}[p, v])²)``
   (RMS over non-pad positions and the vocabulary, so it does not grow with V or the batch),
-  and the table reports ``max_t Δf_t``. Non-finite logits make it ``non-finite``. The
-  log-probability version (shift-invariant) is stored in the JSON too.
+  and the table reports ``max_t Δf_t`` and, because the max is often one early transient,
+  the median over t. Non-finite logits make both ``non-finite``. The log-probability version
+  (shift-invariant) is stored in the JSON too.
 
 Configurations (``--configs``), all Adam(0.9, 0.98) at ``--lr``, weight decay 1e-4, label
 smoothing 0.1, no clipping; "no warmup" is T-Fixup's lr * sqrt(4000 / (4000 + t)), which decays
@@ -30,22 +31,27 @@ by < 3% over a few hundred updates:
 2. ``xavier``         norm none, Xavier init, no warmup;
 3. ``postln``         Post-LN, Xavier, no warmup;
 4. ``postln_warmup``  Post-LN, Xavier, fairseq inverse-sqrt warmup over ``--warmup-fraction``
-                      of the updates (default 1/4: 38 of 150), from 1e-7, then lr * sqrt(W / t);
+                      of the updates (default 1/4: 30 of 120), from 1e-7, then lr * sqrt(W / t);
 5. ``preln``          Pre-LN (final LayerNorm per stack), Xavier, no warmup.
 
 Outputs under ``--out``: ``runs/<config>_N<depth>/`` (one trainer run folder each; TensorBoard:
 ``tensorboard --logdir <out>/runs``, with the probe as ``study/output_change``),
 ``depth_study.md`` (the table), ``depth_study.png`` (loss curves: one panel per configuration,
-one line per depth) and ``depth_study.json`` (every number, per-update losses and probes).
+one line per depth) and ``depth_study.json`` (every number, per-update losses and probes);
+``--replot`` rewrites the table and the plot from the JSON without training.
 
-Speed on CPU (measured on 2 shared cores): eager PyTorch at d_model 64 is dominated by per-op
-overhead, and 2 OpenMP threads stall badly when another process holds a core (one update of
-a 200+200 model took minutes). So each run uses one thread (``--threads``) and ``--jobs`` runs
-go in parallel processes, deepest first. Dropout defaults to 0: it costs ~40% of the forward
-time here and this study is about optimization stability, not regularization.
+Budget (measured on this project's 2-core AMD EPYC VM, shared with other jobs): eager PyTorch on
+small matrices is slow here, and two OpenMP threads stall badly whenever another process holds a
+core (one update of a 200+200 model took minutes), so each run uses one thread (``--threads``)
+and ``--jobs`` runs go in parallel processes, deepest first. At d_model 64 and max_tokens 256,
+one 200+200 update took 2.8 s alone and 4.5 s with two jobs, so 150 updates of the full grid
+would need ~55 min; the defaults (d_model 32, 120 updates) took 21.6 min. Dropout
+defaults to 0: it costs ~40% of the forward time here, and this study is about optimization
+stability, not regularization. Ctrl-C (or SIGTERM to the script) stops every run at its next
+update; the rows finished so far are already written.
 
 Usage: ``python scripts/depth_study.py --out outputs/depth_study [--depths 6 24 100 200]
-[--configs tfixup xavier ...] [--updates 150] [--d-model 64] [--data multi30k --local-dir ../shared/data/multi30k]``
+[--configs tfixup xavier ...] [--updates 120] [--d-model 32] [--data multi30k --local-dir ../shared/data/multi30k]``
 """
 
 from __future__ import annotations
@@ -56,11 +62,13 @@ import logging
 import math
 import multiprocessing
 import shutil
+import signal
+import statistics
 import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -105,26 +113,26 @@ VARIANTS: dict[str, Variant] = {
 class StudySettings:
     """Everything a study needs; ``main`` fills it from the command line, tests build it directly."""
 
-    out: Path
-    data: DataConfig
-    depths: list[int] = field(default_factory=lambda: list(DEFAULT_DEPTHS))
-    configs: list[str] = field(default_factory=lambda: list(VARIANTS))
-    updates: int = 150
-    d_model: int = 64
-    ffn_dim: int = 128
-    heads: int = 4
-    dropout: float = 0.0
-    lr: float = 5e-4
-    warmup_fraction: float = 0.25
-    seed: int = 1
-    device: str = "auto"
-    threads: int = 1
-    jobs: int = 2
-    probe_updates: int = 100
-    probe_sentences: int = 8
-    valid_max_sentences: int = 4
-    checkpoint_activations: bool = False
-    keep_checkpoints: bool = False
+    out: Path  # study folder: runs/, depth_study.{md,png,json}
+    data: DataConfig  # the same corpus and batching for every run
+    depths: list[int] = field(default_factory=lambda: list(DEFAULT_DEPTHS))  # layers per side
+    configs: list[str] = field(default_factory=lambda: list(VARIANTS))  # keys of VARIANTS
+    updates: int = 120  # applied updates per run
+    d_model: int = 32  # residual width
+    ffn_dim: int = 64  # FFN hidden width
+    heads: int = 4  # attention heads
+    dropout: float = 0.0  # residual/embedding dropout (attention/activation dropout are 0)
+    lr: float = 5e-4  # Adam peak learning rate, all configs
+    warmup_fraction: float = 0.25  # postln_warmup: warmup length / updates
+    seed: int = 1  # data order and init, identical across runs
+    device: str = "auto"  # trainer device
+    threads: int = 1  # torch CPU threads per run
+    jobs: int = 2  # runs in parallel processes (1 = in this process)
+    probe_updates: int = 100  # Δf is recorded for updates 1..probe_updates
+    probe_sentences: int = 8  # valid pairs in the fixed probe batch
+    valid_max_sentences: int = 4  # the trainer's end-of-run BLEU decodes this many (BLEU is not used)
+    checkpoint_activations: bool = False  # slower; only needed when memory is short
+    keep_checkpoints: bool = False  # else each run's checkpoints/ is deleted when it ends
 
     @property
     def warmup_updates(self) -> int:
@@ -173,6 +181,14 @@ class RunResult:
     @property
     def max_output_change(self) -> float:
         return finite_max(self.output_change)
+
+    @property
+    def median_output_change(self) -> float:
+        """The typical update, next to the max (which is often one early transient)."""
+        values = self.output_change
+        if not values or not all(math.isfinite(v) for v in values):
+            return math.nan
+        return statistics.median(values)
 
 
 def mean(values: list[float]) -> float:
@@ -295,6 +311,28 @@ class OutputProbe:
 
 
 # -------------------------------------------------------------------- run
+class StudyInterrupted(RuntimeError):
+    """SIGINT/SIGTERM reached a run: the study stops (finished rows are already written)."""
+
+
+_interrupted = False  # per process: set once a stop signal arrived, so queued runs are not started
+
+
+def _note_interrupt(signum: int, frame: object) -> None:
+    global _interrupted
+    _interrupted = True
+
+
+def _worker_init() -> None:
+    """Worker processes: a signal between runs only sets the flag (the trainer handles it within a run)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _note_interrupt)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def best_logged_valid_loss(run_dir: Path) -> float | None:
     """Lowest ``valid/loss`` in the run's TensorBoard events, or None when it never validated."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -308,6 +346,9 @@ def best_logged_valid_loss(run_dir: Path) -> float | None:
 
 def run_one(spec: RunSpec) -> RunResult:
     """Train one run from scratch (its folder is cleared first, so nothing resumes) and measure it."""
+    global _interrupted
+    if _interrupted:
+        raise StudyInterrupted(f"{spec.name}: not started, the study was interrupted")
     shutil.rmtree(spec.run_dir, ignore_errors=True)
     tic = time.perf_counter()
     cfg = spec.cfg
@@ -316,11 +357,15 @@ def run_one(spec: RunSpec) -> RunResult:
     corpus = prepare_data(cfg.data, seed=cfg.train.seed, splits=("train", "valid"))
     batch = probe_batch(corpus.splits["valid"], spec.probe_sentences)
     reference = initial_model(cfg, corpus.tokenizer.vocab_size)
+    # θ_0's logits on CPU; on a GPU run the first Δf then also holds CPU-vs-GPU rounding (~1e-6).
     probe = OutputProbe(batch, probe_logits(reference, batch, torch.device("cpu")), spec.probe_updates)
     del reference, corpus
     stopped = False
     try:
-        train(cfg, spec.run_dir, on_update=probe)
+        summary = train(cfg, spec.run_dir, on_update=probe)
+        if summary["stopped_by"] is not None:  # the trainer caught SIGINT/SIGTERM and stopped early
+            _interrupted = True
+            raise StudyInterrupted(f"{spec.name}: stopped by {summary['stopped_by']} at update {summary['step']}")
     except TrainingDiverged as e:
         log.warning("%s: %s", spec.name, e)
         stopped = True
@@ -358,10 +403,19 @@ def run_all(specs: list[RunSpec], jobs: int, on_result: Callable[[list[RunResult
             done(run_one(spec))
         return results
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_worker_init)
+    try:
         futures = [pool.submit(run_one, spec) for spec in specs]
         for future in as_completed(futures):
             done(future.result())
+    except BaseException:
+        # Ctrl-C / SIGTERM / a failed run: drop queued runs and stop the running ones at their next
+        # update (the trainer turns SIGTERM into a clean stop), instead of waiting for them all.
+        pool.shutdown(wait=False, cancel_futures=True)
+        for worker in multiprocessing.active_children():
+            worker.terminate()
+        raise
+    pool.shutdown()
     return results
 
 
@@ -375,25 +429,30 @@ def report_progress(r: RunResult, i: int, n: int) -> None:
 
 # ---------------------------------------------------------------- outputs
 def fmt(x: float, spec: str = ".3f") -> str:
-    return format(x, spec) if math.isfinite(x) else "non-finite"
+    """``spec``, but 3 significant digits for huge values and ``non-finite`` for nan/inf."""
+    if not math.isfinite(x):
+        return "non-finite"
+    return format(x, ".3g" if abs(x) >= 1e4 else spec)
 
 
 def markdown_table(results: list[RunResult], configs: list[str], depths: list[int]) -> str:
     """One row per (config, depth), in the order of ``configs`` then increasing depth."""
     by_key = {(r.config, r.depth): r for r in results}
     lines = [
-        "| config | N | final train loss | best valid loss | diverged | max Δf (logits RMS) | skipped steps | s |",
-        "|---|---:|---:|---:|---|---:|---:|---:|",
+        "| config | N | final train loss | best valid loss | diverged | max Δf (logits RMS) | median Δf "
+        "| skipped steps | s |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for config in configs:
         for depth in sorted(depths):
             r = by_key.get((config, depth))
             if r is None:
-                lines.append(f"| {config} | {depth} | not run yet | | | | | |")
+                lines.append(f"| {config} | {depth} | not run yet | | | | | | |")
                 continue
             lines.append(
                 f"| {config} | {depth} | {fmt(r.final_loss)} | {fmt(r.valid_loss)} | {r.diverged} | "
-                f"{fmt(r.max_output_change, '.3g')} | {r.skipped_steps} | {r.seconds:.0f} |"
+                f"{fmt(r.max_output_change, '.3g')} | {fmt(r.median_output_change, '.3g')} | {r.skipped_steps} "
+                f"| {r.seconds:.0f} |"
             )
     return "\n".join(lines)
 
@@ -416,7 +475,8 @@ Columns (exact definitions in `scripts/depth_study.py`): final train loss = mean
 (bits/token) of the last {FINAL_WINDOW} updates; best valid loss = lowest `valid/loss` logged (one
 validation, at the end); diverged = `non-finite` (stopped on non-finite steps) or `loss rose` (final
 loss above the first update's loss); max Δf = max over the first {s.probe_updates} updates of the RMS
-change of the logits of a fixed batch ({s.probe_sentences} valid sentences, eval mode) per update.
+change of the logits of a fixed batch ({s.probe_sentences} valid sentences, eval mode) per update;
+median Δf = the median over the same updates.
 
 {markdown_table(results, s.configs, s.depths)}
 
@@ -436,7 +496,11 @@ def running_mean(values: list[float], window: int) -> list[float]:
 
 
 def plot(path: Path, results: list[RunResult], configs: list[str], depths: list[int]) -> None:
-    """One panel per configuration, one line per depth; shared log-y so panels compare directly."""
+    """One panel per configuration, one line per depth, log-y.
+
+    Each panel keeps its own y range: no-LN Xavier starts thousands of bits up and would flatten
+    every other panel onto one line.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -446,7 +510,7 @@ def plot(path: Path, results: list[RunResult], configs: list[str], depths: list[
     colors = plt.get_cmap("viridis")([i / max(len(depths) - 1, 1) for i in range(len(depths))])
     cols = min(len(configs), 3)
     rows = math.ceil(len(configs) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), sharex=True, sharey=True, squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), sharex=True, squeeze=False)
     for ax, config in zip(axes.flat, configs, strict=False):
         for depth, color in zip(sorted(depths), colors, strict=True):
             r = by_key.get((config, depth))
@@ -465,13 +529,30 @@ def plot(path: Path, results: list[RunResult], configs: list[str], depths: list[
     for ax in axes[-1]:
         ax.set_xlabel("update")
     for ax in axes[:, 0]:
-        ax.set_ylabel(f"train loss (bits), mean of {SMOOTH}")
+        ax.set_ylabel(f"train loss (bits), running mean of {SMOOTH}")
     for ax in list(axes.flat)[len(configs) :]:
         ax.set_visible(False)
     fig.suptitle("Train loss vs depth (x: stopped on non-finite steps)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def load_json(path: Path) -> tuple[StudySettings, list[RunResult], float]:
+    """Settings, results and wall time of a finished (or interrupted) study, for ``--replot``."""
+    saved = json.loads(path.read_text())
+    meta = dict(saved["settings"])
+    settings = StudySettings(**{**meta, "out": Path(meta["out"]), "data": DataConfig(**meta["data"])})
+    names = {f.name for f in fields(RunResult)}
+    results = [RunResult(**{k: v for k, v in run.items() if k in names}) for run in saved["runs"]]
+    return settings, results, saved["wall_seconds"]
+
+
+def write_outputs(settings: StudySettings, results: list[RunResult], wall: float, json_too: bool = True) -> None:
+    write_markdown(settings.out / "depth_study.md", settings, results, wall)
+    if json_too:
+        write_json(settings.out / "depth_study.json", settings, results, wall)
+    plot(settings.out / "depth_study.png", results, settings.configs, settings.depths)
 
 
 def write_json(path: Path, settings: StudySettings, results: list[RunResult], wall: float) -> None:
@@ -491,13 +572,10 @@ def run_study(settings: StudySettings) -> list[RunResult]:
     prepare_data(settings.data, seed=settings.seed)  # build the vocabulary cache once, before any worker
     tic = time.perf_counter()
 
-    def write_outputs(results: list[RunResult]) -> None:
-        wall = time.perf_counter() - tic
-        write_markdown(settings.out / "depth_study.md", settings, results, wall)
-        write_json(settings.out / "depth_study.json", settings, results, wall)
-        plot(settings.out / "depth_study.png", results, settings.configs, settings.depths)
+    def write_so_far(results: list[RunResult]) -> None:
+        write_outputs(settings, results, time.perf_counter() - tic)
 
-    return run_all(plan_runs(settings), settings.jobs, write_outputs)
+    return run_all(plan_runs(settings), settings.jobs, write_so_far)
 
 
 def data_config(name: str, local_dir: str | None, max_tokens: int, cache_dir: str) -> DataConfig:
@@ -515,8 +593,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("outputs/depth_study"))
     p.add_argument("--depths", type=int, nargs="+", default=list(DEFAULT_DEPTHS), help="layers per side")
     p.add_argument("--configs", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--updates", type=int, default=150, help="updates per run")
-    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--updates", type=int, default=120, help="updates per run")
+    p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--ffn-dim", type=int, default=None, help="default: 2 x d_model")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.0)
@@ -534,12 +612,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     p.add_argument("--checkpoint-activations", action="store_true", help="recompute layers in backward")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's checkpoints/ folder")
+    p.add_argument("--replot", action="store_true", help="only rewrite the .md and .png from <out>/depth_study.json")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.replot:
+        settings, results, wall = load_json(args.out / "depth_study.json")
+        write_outputs(settings, results, wall, json_too=False)
+        print((args.out / "depth_study.md").read_text())
+        return 0
     settings = StudySettings(
         out=args.out, data=data_config(args.data, args.local_dir, args.max_tokens, args.cache_dir),
         depths=args.depths, configs=args.configs, updates=args.updates, d_model=args.d_model,
@@ -548,7 +632,12 @@ def main(argv: list[str] | None = None) -> int:
         jobs=args.jobs, probe_updates=args.probe_updates, probe_sentences=args.probe_sentences,
         checkpoint_activations=args.checkpoint_activations, keep_checkpoints=args.keep_checkpoints,
     )  # fmt: skip
-    run_study(settings)
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill PID` stops the workers too (see run_all)
+    try:
+        run_study(settings)
+    except (KeyboardInterrupt, StudyInterrupted) as e:
+        print(f"interrupted ({e}); finished runs are in {settings.out / 'depth_study.md'}", file=sys.stderr)
+        return 130
     print(f"wrote {settings.out / 'depth_study.md'}, depth_study.png, depth_study.json")
     print((settings.out / "depth_study.md").read_text())
     return 0

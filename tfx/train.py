@@ -445,9 +445,13 @@ class Trainer:
 
 def train(cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> dict[str, Any]:
     """Train one run into ``run_dir`` (resuming from its checkpoint_last.pt if present)."""
+    trainer = None
     try:
-        return Trainer(cfg, run_dir, on_update).run()
+        trainer = Trainer(cfg, run_dir, on_update)
+        return trainer.run()
     finally:
+        if trainer is not None:
+            trainer.logger.close()  # also when training diverged: flush what TensorBoard has
         distributed.teardown()
 
 

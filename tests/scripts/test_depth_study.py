@@ -116,8 +116,20 @@ def test_micro_study_writes_table_plot_and_json(ds: ModuleType, tmp_path: Path) 
         assert len(r.losses) == 6 and len(r.output_change) == 4 and r.diverged == "no"
         assert 0 < r.max_output_change < 10 and math.isfinite(r.valid_loss)
     assert (tmp_path / "study" / "depth_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert ds.main(["--out", str(tmp_path / "study"), "--replot"]) == 0  # from the JSON alone
+    assert (tmp_path / "study" / "depth_study.md").read_text() == md
     saved = json.loads((tmp_path / "study" / "depth_study.json").read_text())
     assert {r["name"] for r in saved["runs"]} == {"tfixup_N1", "tfixup_N3", "xavier_N1", "xavier_N3"}
     runs = tmp_path / "study" / "runs"
     assert sorted(p.name for p in runs.iterdir()) == ["tfixup_N1", "tfixup_N3", "xavier_N1", "xavier_N3"]
     assert all(not (p / "checkpoints").exists() and any((p / "tb").iterdir()) for p in runs.iterdir())
+
+
+def test_no_run_starts_after_an_interrupt(ds: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that saw SIGINT/SIGTERM refuses queued runs instead of training them."""
+    settings = micro_settings(ds, tmp_path)
+    spec = ds.plan_runs(settings)[0]
+    monkeypatch.setattr(ds, "_interrupted", True)
+    with pytest.raises(ds.StudyInterrupted, match="not started"):
+        ds.run_one(spec)
+    assert not spec.run_dir.exists()
