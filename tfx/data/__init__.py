@@ -12,6 +12,18 @@ from tfx.data.sources import read_parallel_text
 from tfx.data.vocab import BOS, EOS, PAD, UNK, Tokenizer, check_vocab
 
 __all__ = [
-    "BOS", "EOS", "PAD", "UNK", "Batch", "Corpus", "DataError", "EncodedSplit", "Tokenizer",
-    "check_vocab", "collate", "make_batches", "prepare_data", "read_parallel_text",
+    "BOS",
+    "EOS",
+    "PAD",
+    "UNK",
+    "Batch",
+    "Corpus",
+    "DataError",
+    "EncodedSplit",
+    "Tokenizer",
+    "check_vocab",
+    "collate",
+    "make_batches",
+    "prepare_data",
+    "read_parallel_text",
 ]

@@ -137,8 +137,9 @@ def even_out(batches: list[list[int]], world_size: int) -> list[list[int]]:
         largest = max(range(len(batches)), key=lambda b: len(batches[b]))
         if len(batches[largest]) < 2:
             n = sum(len(b) for b in batches)
-            raise DataError(f"cannot give {world_size} ranks equal batch counts from {n} examples: "
-                            "use fewer ranks or more data")
+            raise DataError(
+                f"cannot give {world_size} ranks equal batch counts from {n} examples: use fewer ranks or more data"
+            )
         half = len(batches[largest]) // 2
         batches[largest : largest + 1] = [batches[largest][:half], batches[largest][half:]]
     return batches

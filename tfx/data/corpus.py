@@ -45,8 +45,12 @@ class EncodedSplit:
 
     def subset(self, keep: np.ndarray) -> EncodedSplit:
         """The examples at positions ``keep`` (an index array), in that order."""
-        return EncodedSplit([self.src[i] for i in keep], [self.tgt[i] for i in keep],
-                            [self.src_text[i] for i in keep], [self.tgt_text[i] for i in keep])
+        return EncodedSplit(
+            [self.src[i] for i in keep],
+            [self.tgt[i] for i in keep],
+            [self.src_text[i] for i in keep],
+            [self.tgt_text[i] for i in keep],
+        )
 
 
 @dataclass
@@ -81,21 +85,38 @@ def prepare_data(
             raise DataError(f"split {split} of {cfg.name} ({cfg.source}) has no sentences: check its files")
     if tokenizer is None:
         train = texts["train"]
-        tokenizer = train_tokenizer({cfg.src_lang: train[0], cfg.tgt_lang: train[1]}, cfg.vocab_size,
-                                    cfg.spm_model_type, cfg.spm_character_coverage, cfg.cache_dir,
-                                    cfg.name, cfg.num_workers)
+        tokenizer = train_tokenizer(
+            {cfg.src_lang: train[0], cfg.tgt_lang: train[1]},
+            cfg.vocab_size,
+            cfg.spm_model_type,
+            cfg.spm_character_coverage,
+            cfg.cache_dir,
+            cfg.name,
+            cfg.num_workers,
+        )
     encoded = {}
     for split in splits:
         src_text, tgt_text = texts[split]
-        data = EncodedSplit(encode_cached(tokenizer, src_text, cfg), encode_cached(tokenizer, tgt_text, cfg),
-                            src_text, tgt_text)
+        data = EncodedSplit(
+            encode_cached(tokenizer, src_text, cfg), encode_cached(tokenizer, tgt_text, cfg), src_text, tgt_text
+        )
         if split == "train":
             data = filter_train(data, cfg)
             if len(data) == 0:
-                raise DataError(f"split train of {cfg.name} is empty after length filtering: check "
-                                "data.max_source_positions / data.max_target_positions / data.max_len_ratio")
-        log.info("%s %s: %d pairs, %d/%d tokens (%s->%s)", cfg.name, split, len(data),
-                 data.src_sizes.sum(), data.tgt_sizes.sum(), cfg.src_lang, cfg.tgt_lang)
+                raise DataError(
+                    f"split train of {cfg.name} is empty after length filtering: check "
+                    "data.max_source_positions / data.max_target_positions / data.max_len_ratio"
+                )
+        log.info(
+            "%s %s: %d pairs, %d/%d tokens (%s->%s)",
+            cfg.name,
+            split,
+            len(data),
+            data.src_sizes.sum(),
+            data.tgt_sizes.sum(),
+            cfg.src_lang,
+            cfg.tgt_lang,
+        )
         encoded[split] = data
     return Corpus(tokenizer, encoded, cfg.src_lang, cfg.tgt_lang)
 
@@ -138,8 +159,15 @@ def filter_train(data: EncodedSplit, cfg: DataConfig) -> EncodedSplit:
     if not keep.all():
         log.info(
             "train filter dropped %d of %d pairs: %d longer than %d/%d tokens, %d with length ratio > %g, "
-            "%d with an empty side", (~keep).sum(), len(keep), too_long.sum(), cfg.max_source_positions,
-            cfg.max_target_positions, unbalanced.sum(), cfg.max_len_ratio, empty.sum(),
+            "%d with an empty side",
+            (~keep).sum(),
+            len(keep),
+            too_long.sum(),
+            cfg.max_source_positions,
+            cfg.max_target_positions,
+            unbalanced.sum(),
+            cfg.max_len_ratio,
+            empty.sum(),
         )
         return data.subset(np.flatnonzero(keep))
     return data

@@ -96,8 +96,10 @@ def find_text_file(folder: Path, prefix: str, lang: str) -> Path:
     for path in (plain, plain.with_name(plain.name + ".gz")):
         if path.is_file():
             return path
-    raise DataError(f"missing file {plain} (or {plain.name}.gz): set data.local_dir to a folder holding "
-                    f"<prefix>.<lang> files, or change data.*_prefix / data.src_lang / data.tgt_lang")
+    raise DataError(
+        f"missing file {plain} (or {plain.name}.gz): set data.local_dir to a folder holding "
+        f"<prefix>.<lang> files, or change data.*_prefix / data.src_lang / data.tgt_lang"
+    )
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -115,8 +117,10 @@ def read_lines(path: str | Path) -> list[str]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise DataError(f"{path}: invalid UTF-8 at line {line} (byte {err.start}): "
-                        "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from err
+        raise DataError(
+            f"{path}: invalid UTF-8 at line {line} (byte {err.start}): "
+            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from err
     # split("\n"), not splitlines(): the latter also breaks at U+2028, \x1c, ... and would misalign.
     lines = text.split("\n")
     if lines and lines[-1] == "":
@@ -128,8 +132,10 @@ def read_parallel_text(src_path: str | Path, tgt_path: str | Path) -> Texts:
     """Two line-aligned files; refuses files whose line counts differ."""
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
-        raise DataError(f"misaligned corpus: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; "
-                        "the two files must be line-aligned translations")
+        raise DataError(
+            f"misaligned corpus: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; "
+            "the two files must be line-aligned translations"
+        )
     return src, tgt
 
 
@@ -141,8 +147,9 @@ def local_split(cfg: DataConfig, split: str) -> Texts:
     if not folder.is_dir():
         raise DataError(f"data.local_dir={cfg.local_dir}: no such folder (relative to {os.getcwd()})")
     prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
-    return read_parallel_text(find_text_file(folder, prefix, cfg.src_lang),
-                              find_text_file(folder, prefix, cfg.tgt_lang))
+    return read_parallel_text(
+        find_text_file(folder, prefix, cfg.src_lang), find_text_file(folder, prefix, cfg.tgt_lang)
+    )
 
 
 # --- Hugging Face hub -------------------------------------------------------------------------
@@ -215,8 +222,9 @@ def load_hub_dataset(cfg: DataConfig, split: str):  # -> datasets.Dataset
         # The same loader the hub's parquet export goes through, pointed at local files.
         cache = cfg.hub_cache_dir or str(Path(cfg.cache_dir) / "hf_datasets")
         try:
-            return datasets.load_dataset("parquet", data_files={hub_split_name: files}, split=hub_split_name,
-                                         cache_dir=cache)
+            return datasets.load_dataset(
+                "parquet", data_files={hub_split_name: files}, split=hub_split_name, cache_dir=cache
+            )
         except (FileNotFoundError, ValueError, OSError) as err:
             message = f"data.hub_data_files[{split}]={files}: {type(err).__name__}: {err}"
             raise DataError(message.replace("\n", " ")) from err
@@ -227,8 +235,13 @@ def load_hub_dataset(cfg: DataConfig, split: str):  # -> datasets.Dataset
     guard = contextlib.nullcontext() if online else offline_mode()
     try:
         with guard:
-            return datasets.load_dataset(cfg.hub_name, cfg.hub_config, revision=cfg.hub_revision,
-                                         split=hub_split_name, cache_dir=cfg.hub_cache_dir)
+            return datasets.load_dataset(
+                cfg.hub_name,
+                cfg.hub_config,
+                revision=cfg.hub_revision,
+                split=hub_split_name,
+                cache_dir=cfg.hub_cache_dir,
+            )
     except Exception as err:  # datasets raises many types: ConnectionError, FileNotFoundError, ValueError...
         if not online:
             raise DataError(

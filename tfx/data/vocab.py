@@ -41,11 +41,17 @@ class Tokenizer:
     def __init__(self, model_bytes: bytes) -> None:
         self._proto = model_bytes
         self.sp = spm.SentencePieceProcessor(model_proto=model_bytes)
-        found = {"pad_id": self.sp.pad_id(), "unk_id": self.sp.unk_id(),
-                 "bos_id": self.sp.bos_id(), "eos_id": self.sp.eos_id()}
+        found = {
+            "pad_id": self.sp.pad_id(),
+            "unk_id": self.sp.unk_id(),
+            "bos_id": self.sp.bos_id(),
+            "eos_id": self.sp.eos_id(),
+        }
         if found != SPECIAL_IDS:
-            raise DataError(f"sentencepiece model has special ids {found}, tfx needs {SPECIAL_IDS}: "
-                            "retrain it with tfx (delete it from data.cache_dir)")
+            raise DataError(
+                f"sentencepiece model has special ids {found}, tfx needs {SPECIAL_IDS}: "
+                "retrain it with tfx (delete it from data.cache_dir)"
+            )
 
     @classmethod
     def from_bytes(cls, model_bytes: bytes) -> Tokenizer:
@@ -148,8 +154,13 @@ def train_tokenizer(
     runs on the same files share one model. ``hard_vocab_limit=False`` makes ``vocab_size`` an
     upper bound: a tiny corpus (the toy task) gets as many pieces as it has instead of an error.
     """
-    settings = {"vocab_size": vocab_size, "model_type": model_type, "coverage": character_coverage,
-                "specials": SPECIAL_IDS, "spm": spm.__version__}
+    settings = {
+        "vocab_size": vocab_size,
+        "model_type": model_type,
+        "coverage": character_coverage,
+        "specials": SPECIAL_IDS,
+        "spm": spm.__version__,
+    }
     langs = sorted(texts_by_lang)
     key = text_digest(*(texts_by_lang[lang] for lang in langs), settings=settings)
     path = ensure_cache_dir(cache_dir) / f"spm-{name}-{'-'.join(langs)}-{key}.model"
@@ -160,13 +171,21 @@ def train_tokenizer(
     sentences = (s for lang in langs for s in texts_by_lang[lang])
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=sentences, model_writer=writer, vocab_size=vocab_size, model_type=model_type,
-            character_coverage=character_coverage, hard_vocab_limit=False, num_threads=num_threads(threads),
-            minloglevel=2, **SPECIAL_IDS,
+            sentence_iterator=sentences,
+            model_writer=writer,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            hard_vocab_limit=False,
+            num_threads=num_threads(threads),
+            minloglevel=2,
+            **SPECIAL_IDS,
         )
     except RuntimeError as err:  # sentencepiece reports bad settings as RuntimeError("INTERNAL: ...")
-        raise DataError(f"sentencepiece training on {name} failed ({str(err).strip()}): "
-                        "check data.vocab_size and the training texts") from err
+        raise DataError(
+            f"sentencepiece training on {name} failed ({str(err).strip()}): "
+            "check data.vocab_size and the training texts"
+        ) from err
     atomic_write(path, writer.getvalue())
     tokenizer = Tokenizer(writer.getvalue())
     log.info("trained sentencepiece %s model, %d pieces: %s", model_type, tokenizer.vocab_size, path)
