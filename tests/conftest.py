@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -12,7 +15,8 @@ from tfx.model import Transformer
 # Tests run tiny models: one thread avoids oversubscription (and 10x slowdowns on a busy 2-core box).
 torch.set_num_threads(1)
 
-SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO / ".." / "shared" / "data"
 VOCAB, PAD = 50, 0
 
 
@@ -35,3 +39,12 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not present on this machine")
     return SHARED_DATA
+
+
+def load_script(name: str) -> ModuleType:
+    """Import ``scripts/<name>.py`` as a module (scripts are not part of the package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module

@@ -16,15 +16,6 @@ from tfx.init import apply_init
 ENC, DEC = 2, 3
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls: extra OpenMP threads only add sync (and stall badly on a shared 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _model(init: str = "tfixup"):
     model = tiny_model(enc=ENC, dec=DEC)
     apply_init(model, init, seed=0)

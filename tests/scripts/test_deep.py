@@ -2,31 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
+from tests.conftest import load_script
 from tfx.config import OptimConfig
 from tfx.criterion import label_smoothed_loss
 from tfx.init import apply_init
 from tfx.model import Transformer
 from tfx.optim import build_optimizer, lr_at, set_lr
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "deep_memory.py"
 VOCAB, PAD, DEPTH = 50, 0, 200
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Hundreds of tiny ops per layer: one thread avoids OpenMP sync stalls on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def deep_model(checkpoint: bool, d: int = 16) -> Transformer:
@@ -93,10 +82,7 @@ def test_checkpointing_gives_the_same_loss_and_gradients_at_200_layers() -> None
 
 @pytest.fixture(scope="module")
 def deep_memory() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("deep_memory", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("deep_memory")
 
 
 def test_deep_memory_measures_and_tabulates(deep_memory: ModuleType) -> None:

@@ -2,37 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
 
+from tests.conftest import load_script
 from tfx.config import DataConfig
 from tfx.train import Trainer
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "depth_study.py"
 
 
 @pytest.fixture(scope="module")
 def ds() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("depth_study", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    return load_script("depth_study")
 
 
 def micro_settings(ds: ModuleType, out: Path) -> object:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "norm_vs_depth.py"
+from tests.conftest import load_script
+
 PUBLISHED = {  # (scheme, N) -> "%.4e" of mean row norm out / in
     ("xavier", 6): "1.5594e+01",
     ("xavier", 12): "2.9281e+02",
@@ -22,18 +21,7 @@ PUBLISHED = {  # (scheme, N) -> "%.4e" of mean row norm out / in
 
 @pytest.fixture(scope="module")
 def nvd() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("norm_vs_depth", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    return load_script("norm_vs_depth")
 
 
 @pytest.mark.parametrize(("scheme", "n"), list(PUBLISHED))
