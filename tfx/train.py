@@ -120,6 +120,8 @@ class Trainer:
         self.cfg = cfg
         self.on_update = on_update  # called after every update (studies measure things here)
         self.dist, self.device = distributed.setup(cfg.train.device)
+        if not self.dist.is_main:
+            logging.getLogger("tfx").setLevel(logging.WARNING)  # rank 0 alone reports progress
         self.run_dir = Path(distributed.broadcast_object(str(run_dir)))
         self.ckpt_dir = self.run_dir / "checkpoints"
         if cfg.train.threads > 0:
