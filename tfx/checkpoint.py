@@ -15,12 +15,26 @@ A checkpoint is a plain dict (loadable with ``torch.load(..., weights_only=True)
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+
+@functools.cache
+def git_sha() -> str | None:
+    """tfx's commit, recorded in checkpoints and scores (None outside a git checkout); asked once per process."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 class CheckpointError(RuntimeError):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch
 
 from tfx.average import average_checkpoints, checkpoint_dir, last_checkpoints
 from tfx.bleu import corpus_bleu, tokenized_bleu
-from tfx.checkpoint import CheckpointError, atomic_save
+from tfx.checkpoint import CheckpointError, atomic_save, git_sha
 from tfx.config import DataConfig
 from tfx.data import DataError, prepare_data, read_parallel_text
 from tfx.decode import translate_sentences
@@ -94,17 +93,6 @@ def split_texts(cfg: DataConfig, split: str, seed: int, tokenizer) -> Texts:
         return read_parallel_text(text_file(folder, prefix, cfg.src_lang), text_file(folder, prefix, cfg.tgt_lang))
     data = prepare_data(cfg, seed=seed, splits=(split,), tokenizer=tokenizer).splits[split]
     return list(data.src_text), list(data.tgt_text)
-
-
-def git_sha() -> str | None:
-    """This checkout's commit, recorded with the scores (None outside a git checkout)."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -14,7 +14,6 @@ import logging
 import math
 import random
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ import torch
 from torch import nn
 
 from tfx import distributed
-from tfx.checkpoint import CheckpointError, atomic_copy, atomic_save, load_checkpoint
+from tfx.checkpoint import CheckpointError, atomic_copy, atomic_save, git_sha, load_checkpoint
 from tfx.config import Config, register_configs
 from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, Batch, DataError, collate, make_batches, prepare_data
@@ -105,14 +104,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def git_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 class Trainer:
