@@ -221,7 +221,8 @@ class Trainer:
         ntokens = distributed.all_reduce_sum(sum(b.ntokens for b in batches), self.device)
         lr = lr_at(self.state.step, opt)
         set_lr(self.optimizer, lr)
-        self.net.train()
+        if not self.net.training:  # train() walks every module: ~40 ms per call at 200+200 layers
+            self.net.train()
         loss_sum = nll_sum = 0.0
         for i, batch in enumerate(batches):
             if self.device.type == "cuda":
