@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 import tfx.train as train_mod
-from tfx.checkpoint import load_checkpoint
+from tfx.checkpoint import CheckpointError, load_checkpoint
 from tfx.config import Config, DataConfig, InitConfig, ModelConfig, OptimConfig, TrainConfig
 from tfx.data import make_batches, prepare_data
 from tfx.train import TrainingDiverged, train
@@ -44,13 +44,32 @@ def tiny_cfg(tmp_path: Path, **train_kw) -> Config:
 
 
 def test_tiny_run_trains_and_checkpoints(tmp_path: Path) -> None:
-    summary = train(tiny_cfg(tmp_path, max_updates=40), tmp_path / "run")
+    summary = train(tiny_cfg(tmp_path, max_updates=40, save_every_updates=20), tmp_path / "run")
     losses = summary["losses"]
     assert len(losses) == 40 and summary["step"] == 40
     assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5
-    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_last.pt")  # weights_only
-    assert ckpt["step"] == 40 and ckpt["vocab_size"] > 0 and isinstance(ckpt["spm_model"], bytes)
-    assert (tmp_path / "run" / "checkpoints" / "checkpoint_best.pt").exists()
+    ckpts = tmp_path / "run" / "checkpoints"
+    last = load_checkpoint(ckpts / "checkpoint_last.pt")  # weights_only
+    assert last["step"] == 40 and last["vocab_size"] > 0 and isinstance(last["spm_model"], bytes)
+    assert {"optimizer", "rng", "train_state"} <= last.keys()
+    # Best and numbered checkpoints are for evaluation: the weights, without Adam's moments.
+    numbered = sorted(ckpts.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+    assert [p.stem.rsplit("_", 1)[1] for p in numbered] == ["20", "40"]
+    for name in ("checkpoint_best.pt", numbered[0].name, numbered[1].name):
+        weights = load_checkpoint(ckpts / name)
+        assert not {"optimizer", "rng", "train_state"} & weights.keys(), name
+        assert weights["spm_model"] == last["spm_model"] and weights["config"] == last["config"]
+    assert torch.equal(load_checkpoint(numbered[1])["model"]["encoder.embedding.embed.weight"],
+                       last["model"]["encoder.embedding.embed.weight"])  # fmt: skip
+    # Adam's moments are 2/3 of the last checkpoint's tensors (the rest is the sentencepiece model).
+    assert numbered[1].stat().st_size < 0.7 * (ckpts / "checkpoint_last.pt").stat().st_size
+
+
+def test_resuming_from_a_weights_only_checkpoint_is_refused(tmp_path: Path) -> None:
+    train(tiny_cfg(tmp_path, max_updates=4), tmp_path / "run")
+    best = tmp_path / "run" / "checkpoints" / "checkpoint_best.pt"
+    with pytest.raises(CheckpointError, match="holds weights only.*checkpoint_last.pt"):
+        train(tiny_cfg(tmp_path, max_updates=8, resume=str(best)), tmp_path / "other")
 
 
 def test_resume_equals_uninterrupted(tmp_path: Path) -> None:

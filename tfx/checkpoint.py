@@ -3,24 +3,31 @@
 A checkpoint is a plain dict (loadable with ``torch.load(..., weights_only=True)``):
 
 ``model``        model state_dict
-``optimizer``    optimizer state_dict (training checkpoints only)
-``scheduler``    LR-scheduler state_dict
-``step``         updates done; ``epoch`` current epoch; ``batch_in_epoch`` iterator position
-``rng``          CPU/CUDA/python RNG states (resume reproduces an uninterrupted run)
+``step``         updates done; ``epoch`` current epoch
 ``config``       the resolved run config as a plain dict
 ``spm_model``    the sentencepiece model proto (bytes): translation needs no training data
 ``vocab_size``   the model's vocabulary size, checked against ``spm_model``
 ``metrics``      e.g. best validation BLEU so far
+``git_sha``      tfx's commit
+
+and, in ``checkpoint_last.pt`` only (the one a run resumes from; see ``RESUME_KEYS``):
+
+``optimizer``    optimizer state_dict
+``train_state``  step, epoch, iterator position, timers (``tfx.train.TrainState``)
+``rng``          CPU/CUDA/python RNG states (resume reproduces an uninterrupted run)
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -37,27 +44,50 @@ def git_sha() -> str | None:
     return out.stdout.strip() or None
 
 
+RESUME_KEYS = ("optimizer", "train_state", "rng")  # what only a resumable checkpoint needs
+
+
+def weights_only_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` without the resume state: enough to translate, evaluate and average."""
+    return {k: v for k, v in payload.items() if k not in RESUME_KEYS}
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable or inconsistent (message is one line for the user)."""
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """Write to a temp file in the same folder, fsync, then rename over ``path``.
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
-    A crash or SIGKILL mid-write leaves the previous good file untouched.
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "wb", **kwargs: Any) -> Iterator[IO]:
+    """A temp file beside ``path``; on success fsynced and renamed over it, on any failure removed.
+
+    A crash or SIGKILL mid-write leaves the previous good file untouched. The file gets the
+    usual umask permissions (``mkstemp`` alone makes it owner-only, unreadable to a team).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+        with os.fdopen(fd, mode, **kwargs) as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` through ``atomic_open``: never a partial checkpoint under ``path``."""
+    with atomic_open(path) as f:
+        torch.save(obj, f)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -90,16 +120,5 @@ def build_from_checkpoint(ckpt: dict[str, Any], device: str | torch.device = "cp
 
 def atomic_copy(src: str | Path, dst: str | Path) -> None:
     """Copy a finished checkpoint under another name without ever exposing a partial file."""
-    import shutil
-
-    dst = Path(dst)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with open(src, "rb") as source, atomic_open(dst) as target:
+        shutil.copyfileobj(source, target, 16 * 2**20)

@@ -10,15 +10,13 @@ one line on stderr and a non-zero exit status.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from tfx.checkpoint import CheckpointError, build_from_checkpoint, load_checkpoint
+from tfx.checkpoint import CheckpointError, atomic_open, build_from_checkpoint, load_checkpoint
 from tfx.data import DataError
 from tfx.decode import translate_sentences
 
@@ -70,18 +68,9 @@ def read_text_lines(path: str | Path | None) -> list[str]:
 
 
 def write_text_atomic(path: str | Path, lines: Sequence[str]) -> None:
-    """Write lines to a temp file in the same folder and rename it over ``path``: readers (and a
-    crash) never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(line + "\n" for line in lines)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write lines through ``atomic_open``: readers (and a crash) never see half a file."""
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
 
 
 def write_lines(path: str | Path | None, lines: Sequence[str]) -> None:

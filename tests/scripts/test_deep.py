@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
 from types import ModuleType
 
 import pytest
 import torch
 
-from tests.conftest import load_script
+from tests.conftest import REPO, load_script
+from tfx.checkpoint import load_checkpoint
 from tfx.config import OptimConfig
 from tfx.criterion import label_smoothed_loss
 from tfx.init import apply_init
@@ -96,3 +99,25 @@ def test_deep_memory_measures_and_tabulates(deep_memory: ModuleType) -> None:
     assert row["peak_mb"] >= row["built_mb"] > 0 and row["params_mb"] > 0 and row["s_per_step"] > 0
     table = deep_memory.memory_table([row]).splitlines()
     assert table[0].startswith("| layers/side | ckpt |") and table[2].startswith("| 3 | on |")
+
+
+@pytest.mark.slow
+def test_deep_check_script_trains_the_deep_experiment(tmp_path) -> None:
+    """``scripts/deep_check.sh`` at a tiny width on CPU: the real ``+experiment=deep`` run, 3 updates."""
+    env = {**os.environ, "DEVICE": "cpu", "D_MODEL": "16", "UPDATES": "3", "MAX_TOKENS": "64", "MEMORY": "0",
+           "THREADS": "1"}  # fmt: skip
+    script = REPO / "scripts" / "deep_check.sh"
+    result = subprocess.run(["bash", str(script), "out"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "deep run:" in result.stdout
+    ckpt = load_checkpoint(tmp_path / "out" / "deep" / "checkpoints" / "checkpoint_last.pt")
+    model_cfg = ckpt["config"]["model"]
+    assert ckpt["step"] == 3 and ckpt["config"]["experiment"] == "deep" and ckpt["config"]["init"]["name"] == "tfixup"
+    assert (model_cfg["encoder_layers"], model_cfg["decoder_layers"], model_cfg["d_model"]) == (200, 200, 16)
+    assert model_cfg["norm"] == "none" and model_cfg["checkpoint_activations"] is True
+    assert list((tmp_path / "out" / "deep" / "tb").glob("events.out.tfevents.*"))
+
+
+def test_deep_check_script_needs_an_output_folder() -> None:
+    result = subprocess.run(["bash", str(REPO / "scripts" / "deep_check.sh")], capture_output=True, text=True)
+    assert result.returncode == 2 and "usage:" in result.stderr
