@@ -72,6 +72,17 @@ def test_resuming_from_a_weights_only_checkpoint_is_refused(tmp_path: Path) -> N
         train(tiny_cfg(tmp_path, max_updates=8, resume=str(best)), tmp_path / "other")
 
 
+def test_training_resumes_train_mode_after_each_validation(tmp_path: Path) -> None:
+    """Validation runs in eval mode; every update, including those after a validation, runs with dropout on."""
+    modes: list[bool] = []
+
+    def record(trainer, metrics) -> None:  # runs right after each update, before that update's validation
+        modes.append(all(m.training for m in trainer.model.modules()))
+
+    train(tiny_cfg(tmp_path, max_updates=6, validate_every_updates=2), tmp_path / "run", on_update=record)
+    assert modes == [True] * 6
+
+
 def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     full = train(tiny_cfg(tmp_path, max_updates=24), tmp_path / "a")["losses"]
     first = train(tiny_cfg(tmp_path, max_updates=13), tmp_path / "b")["losses"]
