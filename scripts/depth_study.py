@@ -46,8 +46,8 @@ holds a core, so each run uses one thread (``--threads``) and ``--jobs`` runs go
 processes, deepest first. At d_model 32 and max_tokens 256 one 200+200 update takes ~1.4 s
 (fused AdamW; 2.1 s with foreach, which loops op by op on CPU) plus ~0.4 s for the probe over
 the first 100 updates. The defaults (d_model 32, 200 updates) took 25.4 min wall, inside the
-30-minute budget; wider or longer studies are flags. Dropout defaults to 0: it costs ~40% of the forward time here, and
-this study is about optimization stability, not regularization.
+30-minute budget; wider or longer studies are flags. Dropout defaults to 0: it costs ~40% of
+the forward time here, and this study is about optimization stability, not regularization.
 
 Ctrl-C (or SIGTERM to the script) stops every run at its next update; the rows finished so far
 are already written.
