@@ -31,6 +31,7 @@ import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -167,24 +168,11 @@ def check_args(beam: int, lenpen: float, max_len_a: float, max_len_b: int, min_l
 # --- search ---------------------------------------------------------------------------------------
 
 
-def beam_search(
-    model: Transformer,
-    src_tokens: Tensor,
-    beam: int = 5,
-    lenpen: float = 1.0,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    min_len: int = 1,
-    no_repeat_ngram: int = 0,
-    use_cache: bool = True,
-    autocast_dtype: torch.dtype | None = None,
-) -> list[list[int]]:
+def beam_search(model: Transformer, src_tokens: Tensor, **options: Any) -> list[list[int]]:
     """Best hypothesis per sentence of ``src_tokens`` (B, S) (right-padded, each ending with EOS),
-    as token ids without BOS/EOS. See the module docstring for the scoring conventions."""
-    nbest = beam_search_nbest(
-        model, src_tokens, beam, lenpen, max_len_a, max_len_b, min_len, no_repeat_ngram, use_cache, autocast_dtype
-    )
-    return [hyps[0].tokens for hyps in nbest]
+    as token ids without BOS/EOS. ``options`` are ``beam_search_nbest``'s (beam, lenpen, ...); see
+    the module docstring for the scoring conventions."""
+    return [hyps[0].tokens for hyps in beam_search_nbest(model, src_tokens, **options)]
 
 
 def beam_search_nbest(

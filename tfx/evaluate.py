@@ -21,19 +21,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from tfx.average import average_checkpoints, checkpoint_dir, last_checkpoints
 from tfx.bleu import corpus_bleu, tokenized_bleu
 from tfx.checkpoint import CheckpointError, atomic_save, git_sha
 from tfx.config import DataConfig
 from tfx.data import DataError, prepare_data, read_parallel_text
-from tfx.decode import translate_sentences
 from tfx.translate import (
     add_decoding_args,
     check_decoding_args,
     load_model,
     pick_device,
+    run_reporting_errors,
+    translate_with_args,
     write_text_atomic,
 )
 
@@ -130,19 +129,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         src, refs = split_texts(cfg, args.split, config.get("train", {}).get("seed", 1), tokenizer)
     if not src:
         raise DataError(f"{split_name}: no sentences to translate")
-    hyps = translate_sentences(
-        model,
-        tokenizer,
-        src,
-        beam=args.beam,
-        lenpen=args.lenpen,
-        max_tokens=args.max_tokens,
-        device=device,
-        progress=not args.quiet,
-        autocast_dtype=torch.bfloat16 if args.bf16 else None,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-    )
+    hyps = translate_with_args(model, tokenizer, src, args, device, progress=not args.quiet)
     hyp_path = args.output or ckpt_path.with_name(f"{ckpt_path.stem}.{split_name}.hyp")
     write_text_atomic(hyp_path, hyps)
     results = [corpus_bleu(hyps, refs)]
@@ -172,12 +159,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        evaluate(args)
-    except (CheckpointError, DataError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_reporting_errors(lambda: evaluate(args))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -93,6 +93,38 @@ def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bf16", action="store_true", help="run the model under bf16 autocast")
 
 
+def translate_with_args(
+    model, tokenizer, sentences: Sequence[str], args: argparse.Namespace, device: torch.device, progress: bool
+) -> list[str]:
+    """``translate_sentences`` with the options of ``add_decoding_args``."""
+    return translate_sentences(
+        model,
+        tokenizer,
+        sentences,
+        beam=args.beam,
+        lenpen=args.lenpen,
+        max_tokens=args.max_tokens,
+        device=device,
+        progress=progress,
+        autocast_dtype=torch.bfloat16 if args.bf16 else None,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+    )
+
+
+USER_ERRORS = (CheckpointError, DataError, OSError)  # bad input: one line on stderr, exit 1, no traceback
+
+
+def run_reporting_errors(action: Callable[[], object]) -> int:
+    """The command-line tools' exit status: 0, or 1 after printing a user error as one line."""
+    try:
+        action()
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def check_decoding_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.beam < 1:
         parser.error("--beam must be >= 1")
@@ -114,28 +146,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+
+    def translate() -> None:
         device = pick_device(args.device)
         model, tokenizer, _ = load_model(args.checkpoint, device)
         sentences = read_text_lines(args.input)
-        hyps = translate_sentences(
-            model,
-            tokenizer,
-            sentences,
-            beam=args.beam,
-            lenpen=args.lenpen,
-            max_tokens=args.max_tokens,
-            device=device,
-            progress=args.input is not None and not args.quiet,
-            autocast_dtype=torch.bfloat16 if args.bf16 else None,
-            max_len_a=args.max_len_a,
-            max_len_b=args.max_len_b,
-        )
-        write_lines(args.output, hyps)
-    except (CheckpointError, DataError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
+        progress = args.input is not None and not args.quiet
+        write_lines(args.output, translate_with_args(model, tokenizer, sentences, args, device, progress))
+
+    return run_reporting_errors(translate)
 
 
 if __name__ == "__main__":
