@@ -9,8 +9,9 @@ import torch
 
 from tests.checkpoint_helpers import spm_model_bytes, synthetic_text, tiny_config, write_checkpoint
 from tfx import average
-from tfx.average import average_checkpoints, last_checkpoints
+from tfx.average import average_checkpoints, best_window, last_checkpoints
 from tfx.checkpoint import CheckpointError, build_from_checkpoint, load_checkpoint
+from tfx.config import DataConfig
 
 
 def test_average_is_the_mean_and_drops_optimizer_state(tmp_path: Path) -> None:
@@ -88,3 +89,58 @@ def test_last_n_means_highest_steps(tmp_path: Path) -> None:
         "checkpoint_9_1700.pt",
         "checkpoint_10_1800.pt",
     ]
+
+
+def numbered_run(tmp_path: Path, n: int, config: dict | None = None) -> list[Path]:
+    ckpts = tmp_path / "run" / "checkpoints"
+    return [
+        write_checkpoint(ckpts / f"checkpoint_{e}_{100 * e}.pt", seed=e, step=100 * e, config=config)
+        for e in range(1, n + 1)
+    ]
+
+
+KEY = "encoder.embedding.embed.weight"
+
+
+def test_best_window_picks_the_highest_scoring_average(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = numbered_run(tmp_path, 6)
+
+    def score(ckpt: dict) -> float:
+        return float(ckpt["model"][KEY].sum())
+
+    expected = {i: score(average_checkpoints(paths[i : i + 3])) for i in range(4)}
+    loads = []
+    real_load = average.load_checkpoint
+    monkeypatch.setattr(average, "load_checkpoint", lambda p: loads.append(Path(p).name) or real_load(p))
+    best, results = best_window(paths, 3, score)
+    assert sorted(loads) == sorted(p.name for p in paths)  # each checkpoint read once
+    assert [w for w, _ in results] == [paths[i : i + 3] for i in range(4)]
+    assert [v for _, v in results] == pytest.approx(list(expected.values()))
+    top = max(expected, key=expected.get)
+    assert [Path(p) for p in best["averaged_from"]] == paths[top : top + 3]
+    torch.testing.assert_close(best["model"][KEY], average_checkpoints(paths[top : top + 3])["model"][KEY])
+    assert len(best["window_scores"]) == 4
+    # --candidates 2: only the windows ending in the last two checkpoints; ties go to the earlier window
+    best, results = best_window(paths, 3, lambda c: 1.0, candidates=2)
+    assert [w for w, _ in results] == [paths[2:5], paths[3:6]]
+    assert [Path(p) for p in best["averaged_from"]] == paths[2:5]
+    with pytest.raises(CheckpointError, match="6 numbered checkpoint"):
+        best_window(paths, 7, score)
+
+
+@pytest.mark.slow
+def test_best_window_cli_decodes_the_valid_split(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """End to end on CPU: every window's average translates the run's (toy) valid split and is scored."""
+    data = DataConfig(
+        source="toy", toy_train_size=50, toy_test_size=4, toy_valid_size=4, cache_dir=str(tmp_path / "cache")
+    )
+    numbered_run(tmp_path, 3, config=tiny_config(data))
+    out = tmp_path / "avg.pt"
+    args = ["--run-dir", str(tmp_path / "run"), "--best-window", "2", "--output", str(out), "--beam", "1"]
+    assert average.main([*args, "--device", "cpu", "--tok-bleu"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("valid score") == 2 and "averaged 2 checkpoints" in captured.out
+    saved = load_checkpoint(out)
+    assert len(saved["window_scores"]) == 2 and len(saved["averaged_from"]) == 2
+    assert average.main(["--run-dir", str(tmp_path / "run"), "--best-window", "4", "--output", str(out)]) == 1
+    assert capsys.readouterr().err.startswith("error: 3 numbered checkpoint(s)")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import sacrebleu
 
-from tfx.bleu import DETOK, TOKENIZED, corpus_bleu, moses_tokenize, tokenized_bleu
+from tfx.bleu import DETOK, TOKENIZED, compound_split, corpus_bleu, moses_tokenize, tokenized_bleu
 
 HYPS = ["The cat sat on a mat.", "Hello, world!", "Don't stop me now."]
 REFS = ["The cat sat on the mat.", "Hello world!", "Don't stop me now."]
@@ -63,3 +65,33 @@ def test_reproduces_fairseq_iwslt14_references(shared_data: Path, lang: str) -> 
     ours = [line.lower() for line in moses_tokenize(raw, lang)]
     differ = [(a, b) for a, b in zip(ours, ref, strict=True) if a != b]
     assert all("&amp; amp ;" in b or "&amp; gt ;" in b for _, b in differ), differ[:3]
+
+
+def test_compound_split_is_the_reference_perl_rule() -> None:
+    """compound_split_bleu.sh's `s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g`: non-overlapping, left to right."""
+    line = "it had two-to-three-to-400 times - a-b-c x-"
+    expected = (
+        "it had two ##AT##-##AT## to ##AT##-##AT## three ##AT##-##AT## to ##AT##-##AT## 400 times"
+        " - a ##AT##-##AT## b-c x-"
+    )
+    assert compound_split([line]) == [expected]
+    if shutil.which("perl"):
+        perl = subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"], input=line + "\n",
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        assert perl.stdout.rstrip("\n") == expected
+
+
+def test_compound_split_changes_the_score_of_hyphenated_text() -> None:
+    hyps, refs = ["a well-known fact ."], ["a well-made fact ."]
+    plain = tokenized_bleu(hyps, refs, "en", refs_tokenized=True, hyps_tokenized=True)
+    split = tokenized_bleu(hyps, refs, "en", refs_tokenized=True, hyps_tokenized=True, compound=True)
+    assert split.score > plain.score  # "well" and "##AT##-##AT##" now match
+    assert "compound-split" in split.signature and "pretok:hyp+ref" in split.signature
+    assert "compound-split" not in plain.signature
+
+
+def test_pretokenized_text_scored_as_is() -> None:
+    """A model trained on fairseq's tokenized text writes `&apos;`: re-tokenizing it would escape the `&` again."""
+    line = ["it &apos;s that pyramid ."]
+    assert tokenized_bleu(line, line, "en", refs_tokenized=True, hyps_tokenized=True).score == pytest.approx(100.0)
+    assert tokenized_bleu(line, line, "en", refs_tokenized=True).score < 50.0  # hyp escaped twice

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,43 @@ def test_postln_baseline_differs_only_where_it_should() -> None:
     }
 
 
+def test_iwslt_stays_on_the_papers_adam() -> None:
+    cfg = load(["+experiment=iwslt"])
+    assert (cfg.optim.name, cfg.optim.clip_norm, cfg.model.dropout, cfg.data.tokenized) == ("adam", 0.0, 0.3, False)
+
+
+def test_iwslt14_reference_is_what_the_reference_code_ran() -> None:
+    cfg = load(["+experiment=iwslt14_reference"])
+    assert (cfg.optim.name, cfg.optim.lr, tuple(cfg.optim.betas), cfg.optim.clip_norm) == (
+        "radam",
+        5e-4,
+        (0.9, 0.98),
+        25,
+    )
+    assert (cfg.optim.warmup_updates, cfg.optim.decay_offset, cfg.optim.weight_decay) == (0, 4000, 1e-4)
+    assert (cfg.model.encoder_layers, cfg.model.decoder_layers, cfg.model.d_model, cfg.model.ffn_dim) == (
+        6,
+        6,
+        512,
+        1024,
+    )
+    assert (cfg.model.heads, cfg.model.dropout, cfg.model.norm, cfg.init.name) == (4, 0.5, "none", "tfixup")
+    assert cfg.model.share_decoder_embeddings and not cfg.model.share_all_embeddings
+    assert (cfg.data.source, cfg.data.tokenized, cfg.data.max_tokens) == ("local", True, 4000)
+    assert (cfg.train.max_epochs, cfg.train.max_updates, cfg.train.save_every_epochs) == (300, 0, 1)
+    assert cfg.train.keep_last >= 60  # windows ending in the last 51 epochs, as the reference searched
+
+
+@pytest.mark.slow
+def test_iwslt14_reference_cfg_job_prints_the_protocol() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tfx.train", "+experiment=iwslt14_reference", "--cfg", "job"],
+        capture_output=True, text=True, cwd=CONF.parent, check=True,
+    ).stdout  # fmt: skip
+    lines = {line.strip() for line in out.splitlines()}
+    assert {"name: radam", "dropout: 0.5", "clip_norm: 25.0", "max_tokens: 4000", "max_epochs: 300"} <= lines
+
+
 def test_public_knobs_override() -> None:
     cfg = load(["+experiment=iwslt", "model.encoder_layers=12", "optim.lr=1e-3", "train.seed=7", "data.tgt_lang=de",
                 "data.src_lang=en", "init.name=tfixup", "train.max_epochs=3", "data.local_dir=/x"])  # fmt: skip
@@ -74,6 +113,7 @@ def test_public_knobs_override() -> None:
         (["model.norm=post"], "tfixup needs model.norm=none"),
         (["model.norm=sideways", "init=xavier"], "model.norm"),
         (["init.name=fixup"], "init.name"),
+        (["optim.name=sgd"], "optim.name='sgd': use one of"),
     ],
 )
 def test_bad_values_fail_at_start(overrides: list[str], error: str) -> None:

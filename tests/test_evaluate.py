@@ -91,3 +91,42 @@ def test_run_dir_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert "no checkpoint_best.pt" in capsys.readouterr().err
     assert evaluate.main([str(run), "--avg", "9", "--quiet"]) == 1
     assert "cannot average the last 9" in capsys.readouterr().err
+
+
+def write_pair(folder: Path, prefix: str, src_line: str, ref_line: str) -> tuple[Path, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{prefix}.de").write_text(src_line + "\n", encoding="utf-8")
+    (folder / f"{prefix}.en").write_text(ref_line + "\n", encoding="utf-8")
+    return folder / f"{prefix}.de", folder / f"{prefix}.en"
+
+
+def tok_score(ckpt: Path, stem: str) -> dict:
+    return json.loads(ckpt.with_name(f"{ckpt.stem}.{stem}.bleu.json").read_text())["scores"][-1]
+
+
+def test_refs_tokenized_scores_a_fairseq_reference_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A raw-text model against fairseq's tokenized test.en: escaping the reference again broke `&apos;`."""
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt")
+    src, ref = write_pair(tmp_path, "test", "es ist diese pyramide .", "it &apos;s that pyramid .")
+    monkeypatch.setattr(evaluate, "translate_with_args", lambda *a, **k: ["It's that pyramid."])
+    base = [str(ckpt), "--src", str(src), "--ref", str(ref), "--beam", "1", "--quiet", "--device", "cpu"]
+    assert evaluate.main([*base, "--tok-bleu"]) == 0
+    assert tok_score(ckpt, "test.de")["score"] < 50.0  # the reference's &apos; escaped twice
+    assert evaluate.main([*base, "--refs-tokenized"]) == 0
+    assert tok_score(ckpt, "test.de")["score"] == pytest.approx(100.0)
+
+
+def test_a_run_on_tokenized_text_is_scored_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """data.tokenized: the model writes tokenized text and its own split is tokenized; compound split on request."""
+    line = "it &apos;s a well-known pyramid ."
+    write_pair(tmp_path / "corpus", "test", "es ist eine bekannte pyramide .", line)
+    data = DataConfig(source="local", local_dir=str(tmp_path / "corpus"), tokenized=True)
+    ckpt = write_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_best.pt", config=tiny_config(data))
+    monkeypatch.setattr(evaluate, "translate_with_args", lambda *a, **k: [line])
+    assert evaluate.main([str(ckpt), "--beam", "1", "--quiet", "--device", "cpu", "--compound-split"]) == 0
+    score = tok_score(ckpt, "test")
+    assert score["score"] == pytest.approx(100.0)
+    assert "pretok:hyp+ref" in score["signature"] and "compound-split" in score["signature"]
+    assert "tok:13a" not in capsys.readouterr().out  # sacreBLEU of tokenized text is not reported

@@ -10,12 +10,18 @@
   ``refs_tokenized=True`` such files are used as they are. On the raw IWSLT'14 test set this
   reproduces fairseq's tokenized ``test.en`` on 6745 of 6750 lines (the other 5 hold an ``&`` the
   IWSLT XML double-escaped). Tokenized BLEU runs 1-2 points above sacreBLEU: never compare the two.
+  ``hyps_tokenized=True`` scores a model trained on such files (its output is tokenized already).
+  ``compound_split=True`` adds the T-Fixup reference's ``compound_split_bleu.sh`` step: every hyphen
+  between two non-space characters becomes `` ##AT##-##AT## `` in hypotheses and references, so
+  "two-to-three" counts as three tokens plus separators rather than one (the WMT'14 En-De habit of
+  Vaswani et al.; it raises BLEU on hyphen-rich text).
 
 Every result carries its kind and signature so a printed number says what it is.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import re
 from collections.abc import Sequence
@@ -87,19 +93,83 @@ def moses_tokenize(lines: Sequence[str], lang: str) -> list[str]:
     return out
 
 
-def tokenized_bleu(hyps: Sequence[str], refs: Sequence[str], lang: str, refs_tokenized: bool = False) -> BleuResult:
-    """IWSLT'14-style BLEU: Moses-tokenize (refs too unless ``refs_tokenized``), lowercase, ``tok:none``.
+# compound_split_bleu.sh's Perl `s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`: same left-to-right, non-overlapping
+# matches, so "a-b-c" becomes "a ##AT##-##AT## b-c" there and here.
+_COMPOUND = re.compile(r"(\S)-(\S)")
+
+
+def compound_split(lines: Sequence[str]) -> list[str]:
+    """The reference's compound splitting of tokenized text (``compound_split_bleu.sh``)."""
+    return [_COMPOUND.sub(r"\1 ##AT##-##AT## \2", line) for line in lines]
+
+
+def tokenized_bleu(
+    hyps: Sequence[str],
+    refs: Sequence[str],
+    lang: str,
+    refs_tokenized: bool = False,
+    hyps_tokenized: bool = False,
+    compound: bool = False,
+) -> BleuResult:
+    """IWSLT'14-style BLEU: Moses-tokenize (each side unless already ``*_tokenized``), lowercase, ``tok:none``.
 
     Tokenize first, lowercase second, as fairseq's script does (Moses' non-breaking prefixes are
-    case-sensitive). ``lang`` is the target language.
+    case-sensitive). ``lang`` is the target language. ``compound`` splits hyphenated compounds
+    afterwards, as the T-Fixup reference's ``compound_split_bleu.sh`` does.
     """
     _check(hyps, refs)
-    tok_hyps = moses_tokenize(hyps, lang)
+    tok_hyps = list(hyps) if hyps_tokenized else moses_tokenize(hyps, lang)
     tok_refs = list(refs) if refs_tokenized else moses_tokenize(refs, lang)
+    if compound:
+        tok_hyps, tok_refs = compound_split(tok_hyps), compound_split(tok_refs)
     bleu = BLEU(tokenize="none", lowercase=True, force=True)  # input is tokenized on purpose
     b = bleu.corpus_score(tok_hyps, [tok_refs])
+    given = [side for side, done in (("hyp", hyps_tokenized), ("ref", refs_tokenized)) if done]
     signature = f"{bleu.get_signature()}|moses:{lang}-escape"
+    if given:
+        signature += f"|pretok:{'+'.join(given)}"
+    if compound:
+        signature += "|compound-split"
     return BleuResult(b.score, signature, None, None, TOKENIZED, _detail(b))
+
+
+def add_scoring_args(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``tfx.evaluate`` and ``tfx.average --best-window``."""
+    parser.add_argument("--tok-bleu", action="store_true", help="also score tokenized, lowercased (IWSLT'14) BLEU")
+    parser.add_argument(
+        "--refs-tokenized", action="store_true",
+        help="the references are Moses-tokenized already (e.g. fairseq's test.en): score them as they are "
+        "(implies --tok-bleu)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compound-split", action="store_true",
+        help="split hyphenated compounds (##AT##-##AT##) as the T-Fixup reference's compound_split_bleu.sh "
+        "(implies --tok-bleu)",
+    )  # fmt: skip
+
+
+def score_all(
+    hyps: Sequence[str],
+    refs: Sequence[str],
+    lang: str,
+    args: argparse.Namespace,
+    tokenized_data: bool = False,
+    refs_tokenized: bool = False,
+) -> list[BleuResult]:
+    """The scores ``add_scoring_args`` asked for; the last one is the headline (window choice uses it).
+
+    ``tokenized_data``: the model was trained on tokenized text (``data.tokenized``), so its output
+    is tokenized and only tokenized BLEU means anything: sacreBLEU's 13a on such text is skipped.
+    ``refs_tokenized`` (or ``--refs-tokenized``): the references are tokenized (e.g. that run's own split).
+    """
+    results = [] if tokenized_data else [corpus_bleu(hyps, refs)]
+    if tokenized_data or args.tok_bleu or args.refs_tokenized or args.compound_split:
+        tok = tokenized_bleu(
+            hyps, refs, lang, refs_tokenized=refs_tokenized or args.refs_tokenized, hyps_tokenized=tokenized_data,
+            compound=args.compound_split,
+        )  # fmt: skip
+        results.append(tok)
+    return results
 
 
 def _detail(score) -> str:
@@ -107,4 +177,14 @@ def _detail(score) -> str:
     return score.format().split(" = ", 1)[1].split(" ", 1)[1]
 
 
-__all__ = ["DETOK", "TOKENIZED", "BleuResult", "corpus_bleu", "moses_tokenize", "tokenized_bleu"]
+__all__ = [
+    "DETOK",
+    "TOKENIZED",
+    "BleuResult",
+    "add_scoring_args",
+    "compound_split",
+    "score_all",
+    "corpus_bleu",
+    "moses_tokenize",
+    "tokenized_bleu",
+]

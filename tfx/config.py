@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfx.optim import OPTIMIZERS
+
 NORMS = ("none", "post", "pre")
 INIT_NAMES = ("xavier", "tfixup", "component_wise")
 DATA_SOURCES = ("toy", "local", "hub")
@@ -31,6 +33,9 @@ class DataConfig:
     tgt_lang: str = "en"  # target language code
     # local folder of aligned text files: <prefix>.<lang>[.gz]
     local_dir: str | None = None  # folder with train.de/train.en/... (source=local), relative to the cwd
+    # the files are already Moses-tokenized and lowercased (fairseq's prepare-iwslt14.sh output):
+    # the model then writes tokenized text, and tokenized BLEU scores hypotheses and references as they are
+    tokenized: bool = False
     train_prefix: str = "train"  # file prefix of the training split
     valid_prefix: str = "valid"  # file prefix of the validation split
     test_prefix: str = "test"  # file prefix of the test split
@@ -140,12 +145,13 @@ class InitConfig:
 
 @dataclass
 class OptimConfig:
-    """Adam with decoupled weight decay and an inverse-sqrt schedule."""
+    """Adam or RAdam with decoupled weight decay and an inverse-sqrt schedule."""
 
+    name: str = "adam"  # adam (AdamW) | radam (what the T-Fixup reference code ran; tfx/optim.py)
     lr: float = 5e-4  # peak learning rate
     betas: tuple[float, float] = (0.9, 0.98)  # Adam betas
     eps: float = 1e-8  # Adam epsilon
-    weight_decay: float = 1e-4  # decoupled (AdamW) weight decay
+    weight_decay: float = 1e-4  # decoupled weight decay: p -= lr * weight_decay * p
     warmup_updates: int = 0  # linear warmup length; 0 = T-Fixup's no-warmup schedule
     warmup_init_lr: float = 1e-7  # lr at update 0 when warming up
     decay_offset: int = 4000  # no-warmup inverse-sqrt: lr * sqrt(offset / (offset + t))
@@ -153,6 +159,7 @@ class OptimConfig:
     label_smoothing: float = 0.1  # label-smoothed cross-entropy epsilon
 
     def __post_init__(self) -> None:
+        _require(self.name in OPTIMIZERS, f"optim.name={self.name!r}: use one of {tuple(OPTIMIZERS)}")
         _require(self.lr > 0, "optim.lr must be positive")
         _require(self.warmup_updates >= 0, "optim.warmup_updates must be >= 0")
         _require(0.0 <= self.label_smoothing < 1.0, "optim.label_smoothing must be in [0, 1)")

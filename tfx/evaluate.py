@@ -17,13 +17,13 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tfx.average import average_checkpoints, checkpoint_dir, last_checkpoints
-from tfx.bleu import corpus_bleu, tokenized_bleu
-from tfx.checkpoint import CheckpointError, atomic_save, git_sha
+from tfx.bleu import add_scoring_args, score_all
+from tfx.checkpoint import CheckpointError, atomic_save, build_from_checkpoint, git_sha
 from tfx.config import DataConfig
 from tfx.data import DataError, prepare_data, read_parallel_text
 from tfx.translate import (
@@ -102,7 +102,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--src", type=Path, help="raw source file (instead of the run's split); needs --ref")
     parser.add_argument("--ref", type=Path, help="raw reference file, line-aligned with --src")
     parser.add_argument("--data-dir", type=Path, help="folder replacing the run's data.local_dir")
-    parser.add_argument("--tok-bleu", action="store_true", help="also print tokenized, lowercased (IWSLT'14) BLEU")
+    add_scoring_args(parser)
     parser.add_argument("--output", type=Path, help="hypothesis file (default: <ckpt_stem>.<split>.hyp beside it)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_decoding_args(parser)
@@ -132,9 +132,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     hyps = translate_with_args(model, tokenizer, src, args, device, progress=not args.quiet)
     hyp_path = args.output or ckpt_path.with_name(f"{ckpt_path.stem}.{split_name}.hyp")
     write_text_atomic(hyp_path, hyps)
-    results = [corpus_bleu(hyps, refs)]
-    if args.tok_bleu:
-        results.append(tokenized_bleu(hyps, refs, cfg.tgt_lang))
+    # A run trained on tokenized text (data.tokenized) writes tokenized output; its own split is tokenized too.
+    results = score_all(
+        hyps, refs, cfg.tgt_lang, args, cfg.tokenized, refs_tokenized=cfg.tokenized and args.src is None
+    )
     print(f"checkpoint: {ckpt_path}  split: {split_name} ({len(src)} sentences, {cfg.src_lang}->{cfg.tgt_lang})")
     print(f"decoding: beam {args.beam}, lenpen {args.lenpen}, max_len {args.max_len_a}*src+{args.max_len_b}")
     print(f"hypotheses: {hyp_path}")
@@ -155,6 +156,29 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     }
     write_text_atomic(hyp_path.with_name(hyp_path.name.removesuffix(".hyp") + ".bleu.json"), [json.dumps(report)])
     return report
+
+
+def valid_scorer(first: dict[str, Any], args: argparse.Namespace) -> Callable[[dict[str, Any]], float]:
+    """Checkpoint dict -> headline score (``score_all``) of its translation of the run's valid split.
+
+    For ``tfx.average --best-window``: ``first`` (any checkpoint of the run) gives the data config
+    and tokenizer, so the split is read once for all windows.
+    """
+    device = pick_device(args.device)
+    _, tokenizer, config = build_from_checkpoint(first, "cpu")
+    cfg = data_config(config, args.data_dir)
+    src, refs = split_texts(cfg, "valid", config.get("train", {}).get("seed", 1), tokenizer)
+    if args.valid_max_sentences:
+        src, refs = src[: args.valid_max_sentences], refs[: args.valid_max_sentences]
+    if not src:
+        raise DataError("the run's valid split has no sentences to choose a window with")
+
+    def score(ckpt: dict[str, Any]) -> float:
+        model, tokenizer, _ = build_from_checkpoint(ckpt, device)
+        hyps = translate_with_args(model, tokenizer, src, args, device, progress=False)
+        return score_all(hyps, refs, cfg.tgt_lang, args, cfg.tokenized, refs_tokenized=cfg.tokenized)[-1].score
+
+    return score
 
 
 def main(argv: Sequence[str] | None = None) -> int:

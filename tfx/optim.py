@@ -1,17 +1,37 @@
-"""Adam and the inverse-sqrt schedules (with and without warmup).
+"""Optimizers by name (``OPTIMIZERS``) and the inverse-sqrt schedules (with and without warmup).
 
 The learning rate is a pure function of the update number, set on the optimizer
 before each update: nothing to checkpoint but the step, and resume is exact.
+
+``adam`` is what the T-Fixup paper states (Adam, betas 0.9/0.98). ``radam`` is what the
+reference code ran: in layer6ai-labs/T-Fixup, ``fairseq/optim/adam.py`` registers ``--optimizer
+adam``, but its ``Adam.step`` has the Adam update commented out and runs RAdam (Liu et al. 2020)
+instead; fairseq picks that class whenever apex's FusedAdam is not installed (with apex on CUDA it
+would run plain Adam). torch's ``RAdam(decoupled_weight_decay=True)`` follows the same rule:
+
+- t <= 5 (rho_t < 5 at beta2 = 0.98): p -= lr * m_t / (1 - beta1^t), momentum SGD not divided
+  by the second moment;
+- later: p -= lr * r_t * m_t / (1 - beta1^t) * sqrt(1 - beta2^t) / (sqrt(v_t) + eps), with
+  r_t = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf - 4)(rho_inf - 2) rho_t)); eps is added
+  to the uncorrected sqrt(v_t) in both;
+- weight decay p -= lr * wd * p (decoupled, with the scheduled lr), in both phases.
+
+The one difference: the reference rectifies when rho_t >= 5, torch when rho_t > 5; no integer t
+has rho_t = 5 exactly for beta2 = 0.98 (rho_5 = 4.94, rho_6 = 5.92). tests/test_optim.py checks
+torch's steps against a transcription of the reference rule.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from tfx.config import OptimConfig
+if TYPE_CHECKING:
+    from tfx.config import OptimConfig
 
 
 def lr_at(step: int, cfg: OptimConfig) -> float:
@@ -39,10 +59,33 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+def _kwargs(cfg: OptimConfig) -> dict:
+    return dict(lr=lr_at(0, cfg), betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+def adam(params: list[nn.Parameter], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW (decoupled weight decay, as fairseq's Adam): fused kernels where the device has them."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    kwargs = dict(lr=lr_at(0, cfg), betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
     if device.type in FUSED_ADAM_DEVICES:
-        return torch.optim.AdamW(params, fused=True, **kwargs)
-    return torch.optim.AdamW(params, foreach=True, **kwargs)
+        return torch.optim.AdamW(params, fused=True, **_kwargs(cfg))
+    return torch.optim.AdamW(params, foreach=True, **_kwargs(cfg))
+
+
+def radam(params: list[nn.Parameter], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    """RAdam with decoupled weight decay, the update the T-Fixup reference code ran (module docstring).
+
+    torch has no fused RAdam kernel; foreach is its fastest path on every device.
+    """
+    return torch.optim.RAdam(params, decoupled_weight_decay=True, foreach=True, **_kwargs(cfg))
+
+
+# The one registry of optimizer names: tfx.config validates ``optim.name`` against its keys.
+OPTIMIZERS: dict[str, Callable[[list[nn.Parameter], OptimConfig, torch.device], torch.optim.Optimizer]] = {
+    "adam": adam,
+    "radam": radam,
+}
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer ``cfg.name`` over the model's trainable parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return OPTIMIZERS[cfg.name](params, cfg, device)
