@@ -3,6 +3,7 @@
     python -m tfx.evaluate outputs/RUN                       # checkpoint_best.pt, the run's test split
     python -m tfx.evaluate outputs/RUN --avg 5 --tok-bleu    # average the last 5 numbered checkpoints first
     python -m tfx.evaluate ckpt.pt --src test.de --ref test.en
+    python -m tfx.evaluate ckpt.pt --src test.de --ref fairseq/test.en --refs-tokenized --compound-split
 
 The split comes from the run's own data config (``config["data"]`` in the checkpoint): local files
 ``<local_dir>/<prefix>.<lang>`` (a relative ``local_dir`` starts at the current directory;
@@ -25,7 +26,7 @@ from tfx.average import average_checkpoints, checkpoint_dir, last_checkpoints
 from tfx.bleu import add_scoring_args, score_all
 from tfx.checkpoint import CheckpointError, atomic_save, build_from_checkpoint, git_sha
 from tfx.config import DataConfig
-from tfx.data import DataError, prepare_data, read_parallel_text
+from tfx.data import DataError, Tokenizer, prepare_data, read_parallel_text
 from tfx.translate import (
     add_decoding_args,
     check_decoding_args,
@@ -165,8 +166,9 @@ def valid_scorer(first: dict[str, Any], args: argparse.Namespace) -> Callable[[d
     and tokenizer, so the split is read once for all windows.
     """
     device = pick_device(args.device)
-    _, tokenizer, config = build_from_checkpoint(first, "cpu")
+    config = first["config"]
     cfg = data_config(config, args.data_dir)
+    tokenizer = Tokenizer.from_bytes(first["spm_model"])
     src, refs = split_texts(cfg, "valid", config.get("train", {}).get("seed", 1), tokenizer)
     if args.valid_max_sentences:
         src, refs = src[: args.valid_max_sentences], refs[: args.valid_max_sentences]
