@@ -113,14 +113,23 @@ def layer_params(layers: torch.nn.Module) -> int:
     return sum(p.numel() for p in layers.parameters())
 
 
-def step_flops(model: Transformer, d_model: int, vocab: int, src: torch.Tensor, tgt: torch.Tensor) -> float:
-    """Model FLOPs of one training update on this batch (see the module docstring)."""
+def matmul_flops(model: Transformer, d_model: int, vocab: int, src: torch.Tensor, tgt: torch.Tensor) -> float:
+    """6 x parameters x tokens, each stack on its own stream, plus the output projection (see the docstring)."""
+    enc, dec = layer_params(model.encoder.layers), layer_params(model.decoder.layers)
+    return 6.0 * (enc * src.numel() + (dec + d_model * vocab) * tgt.numel())
+
+
+def attention_flops(model: Transformer, d_model: int, src: torch.Tensor, tgt: torch.Tensor) -> float:
+    """12 x d x T_q x T_k per layer and sentence: QK^T and AV, forward (4) and backward (8)."""
     rows, s_len = src.shape
     t_len = tgt.shape[1]
-    enc, dec = model.encoder.layers, model.decoder.layers
-    matmul = 6 * (layer_params(enc) * src.numel() + (layer_params(dec) + d_model * vocab) * tgt.numel())
-    attn = 12 * d_model * rows * (len(enc) * s_len * s_len + len(dec) * (t_len * t_len + t_len * s_len))
-    return float(matmul + attn)
+    n_enc, n_dec = len(model.encoder.layers), len(model.decoder.layers)
+    return 12.0 * d_model * rows * (n_enc * s_len * s_len + n_dec * (t_len * t_len + t_len * s_len))
+
+
+def step_flops(model: Transformer, d_model: int, vocab: int, src: torch.Tensor, tgt: torch.Tensor) -> float:
+    """Model FLOPs of one training update on this batch."""
+    return matmul_flops(model, d_model, vocab, src, tgt) + attention_flops(model, d_model, src, tgt)
 
 
 @dataclass
@@ -222,12 +231,12 @@ def profile_table(bench: Bench, batches: list, steps: int) -> str:
     return "\n".join(lines)
 
 
-def results_table(cfg: Config, args: argparse.Namespace, results: list[Result]) -> str:
+def table_header(cfg: Config, args: argparse.Namespace) -> str:
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     peak = peak_tflops(device, args.peak_tflops)
     m = cfg.model
-    lines = [
+    return "\n".join([
         f"{args.experiment}: {m.encoder_layers}+{m.decoder_layers} layers, d {m.d_model}, ffn {m.ffn_dim}, "
         f"{m.heads} heads, vocab {args.vocab}, max_tokens {cfg.data.max_tokens}, lengths {args.lengths}, "
         f"precision {Precision(cfg.train.precision, device).name}, {name}, "
@@ -236,14 +245,15 @@ def results_table(cfg: Config, args: argparse.Namespace, results: list[Result]) 
         "",
         "| compile | params (M) | tgt tokens/update | ms/update | tgt tokens/s | model TFLOP/s | MFU |",
         "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "n/a"
-        lines.append(
-            f"| {'on' if r.compile else 'off'} | {r.params_m:.1f} | {r.tokens_per_step:.0f} | {1e3 * r.step_s:.1f} "
-            f"| {r.tokens_per_s:.0f} | {r.tflops:.3g} | {mfu} |"
-        )
-    return "\n".join(lines)
+    ])  # fmt: skip
+
+
+def table_row(r: Result) -> str:
+    mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "n/a"
+    return (
+        f"| {'on' if r.compile else 'off'} | {r.params_m:.1f} | {r.tokens_per_step:.0f} | {1e3 * r.step_s:.1f} "
+        f"| {r.tokens_per_s:.0f} | {r.tflops:.3g} | {mfu} |"
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -272,20 +282,26 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [*args.overrides, f"train.device={args.device}"]
     cfg = compose(args.experiment, overrides)
     args.vocab = args.vocab or cfg.data.vocab_size
-    results, profiled = [], ""
-    for mode in args.compile:
-        result, bench, batches = measure(cfg, args, compile_model=mode == "on")
+    print(table_header(cfg, args), flush=True)
+    results, profiled, failed = [], "", False
+    for mode in args.compile:  # a row as soon as it is measured: a later setting failing or timing out keeps it
+        try:
+            result, bench, batches = measure(cfg, args, compile_model=mode == "on")
+        except Exception as err:  # noqa: BLE001 - e.g. torch.compile failing on this machine: report, go on
+            first_line = (str(err).strip().splitlines() or [""])[0]
+            print(f"| {mode} | failed: {type(err).__name__}: {first_line} |||||", flush=True)
+            failed = True
+            continue
         results.append(result)
-        print(f"measured compile {mode}: {result.tokens_per_s:.0f} tgt tokens/s", file=sys.stderr)
+        print(table_row(result), flush=True)
         if args.profile and not profiled:
             profiled = f"\nprofile, compile {mode}:\n\n" + profile_table(bench, batches, args.profile_steps)
         del bench, batches  # free the device before the next setting
-    print(results_table(cfg, args, results))
     if profiled:
         print(profiled)
     if args.json:
         args.json.write_text(json.dumps([vars(r) for r in results], indent=1))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

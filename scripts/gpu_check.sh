@@ -26,6 +26,8 @@ mkdir -p "$1/logs" || { echo "error: cannot create $1/logs: pass a writable OUT_
 out="$(cd "$1" && pwd)"
 export PYTHONPATH="${repo}${PYTHONPATH:+:${PYTHONPATH}}"
 py="${PYTHON:-python}"
+data_dir="${DATA_DIR:-${repo}/../shared/data/multi30k}"
+[[ -d "${data_dir}" ]] && data_dir="$(cd "${data_dir}" && pwd)"  # relative to the caller's folder, not the repo
 cd "${repo}" || exit 1
 
 if [[ ${dry} == 0 ]] && ! "${py}" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
@@ -49,7 +51,7 @@ else
     tests=(tests)
     bench=(--steps 30 --warmup 6)
     memory=(--layers 200 --d-model 512 --steps 2 --threads "$(nproc)")  # threads: the 1B-parameter build on CPU
-    pair_data=(data.source=local data.local_dir="${DATA_DIR:-${repo}/../shared/data/multi30k}")
+    pair_data=(data.source=local data.local_dir="${data_dir}")
     pair_budget=(train.max_updates=0 train.max_minutes="${PAIR_MINUTES:-0.4}" data.max_tokens=4096)
 fi
 
