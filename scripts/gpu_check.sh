@@ -113,8 +113,8 @@ print("|---|---|---:|---:|---:|")
 for name in ("multi30k", "multi30k_postln"):
     try:
         ckpt = load_checkpoint(Path(sys.argv[1]) / name / "checkpoints" / "checkpoint_last.pt")
-    except CheckpointError as err:
-        print(f"| {name} | - | - | - | no checkpoint ({err}) |")
+    except CheckpointError:
+        print(f"| {name} | - | - | - | no checkpoint: see logs/{name}.log |")
         continue
     c, s = ckpt["config"], ckpt["train_state"]
     recipe = f"{c['model']['norm']} / {c['init']['name']} / {c['optim']['warmup_updates']}"

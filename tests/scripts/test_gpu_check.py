@@ -32,6 +32,18 @@ def test_cpu_dry_run_runs_every_step_and_writes_the_report(tmp_path: Path) -> No
     assert "| multi30k_postln | post / xavier / 100 | 3 |" in report
 
 
+@pytest.mark.slow
+def test_a_step_over_its_time_box_is_reported_and_the_others_still_run(tmp_path: Path) -> None:
+    env = {**os.environ, "T_TESTS": "1", "T_BENCH": "1", "T_MEMORY": "1", "T_PAIR": "1"}
+    proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", str(tmp_path / "out")], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 1
+    report = (tmp_path / "out" / "report.md").read_text()
+    for step in STEPS:
+        assert f"| {step} | timed out after 1 s |" in report, step
+    assert "| multi30k | - | - | - | no checkpoint: see logs/multi30k.log |" in report
+
+
 def test_usage() -> None:
     proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage:" in proc.stderr
