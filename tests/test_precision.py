@@ -90,6 +90,25 @@ def test_overflow_skips_the_update_halves_the_scale_then_recovers() -> None:
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+def test_fp16_update_equals_the_update_from_the_unscaled_gradients() -> None:
+    """Fused AdamW sees each gradient divided by the scale exactly once (its moments show it; its step would not)."""
+    torch.manual_seed(0)
+    plain, scaled = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    scaled.load_state_dict(plain.state_dict())
+    grads = [torch.randn_like(p) for p in plain.parameters()]
+    opt_plain, opt_scaled = (build_optimizer(m, OptimConfig(), CPU) for m in (plain, scaled))
+    for p, g in zip(plain.parameters(), grads, strict=True):
+        p.grad = g.clone()
+    opt_plain.step()
+    precision = fp16()
+    precision.backward(sum((p * g).sum() for p, g in zip(scaled.parameters(), grads, strict=True)))  # grad = SCALE*g
+    norm = precision.unscale_and_clip(opt_scaled, scaled.parameters(), math.inf)
+    assert precision.step(opt_scaled, norm, loss_finite=True).applied
+    for p, q in zip(plain.parameters(), scaled.parameters(), strict=True):
+        torch.testing.assert_close(opt_scaled.state[q]["exp_avg"], opt_plain.state[p]["exp_avg"])
+        torch.testing.assert_close(q, p)
+
+
 def test_non_finite_loss_or_a_vanishing_scale_is_not_an_overflow() -> None:
     precision = fp16()
     model, optimizer = _model_and_grads(precision)
