@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: the CUDA tests, throughput/MFU, deep memory, a T-Fixup vs Post-LN pair.
 #
-#   scripts/gpu_check.sh OUT                  # one GPU (about 8 minutes on an H200) -> OUT/report.md
+#   scripts/gpu_check.sh OUT                  # one GPU, at most ~8 minutes (the time boxes below) -> OUT/report.md
 #   scripts/gpu_check.sh --cpu-dry-run OUT    # every step at tiny sizes on CPU (a minute): checks the script
 #
 # Steps, each time-boxed (`timeout`), its status and seconds in the report, its full output in OUT/logs/:
