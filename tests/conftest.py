@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +19,18 @@ torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO / ".." / "shared" / "data"
 VOCAB, PAD = 50, 0
+# The device `gpu`-marked tests use; TFX_GPU_TEST_DEVICE=cpu runs them on CPU (checks the tests themselves).
+GPU_TEST_DEVICE = os.environ.get("TFX_GPU_TEST_DEVICE", "cuda")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `gpu`-marked tests cleanly where CUDA is missing (unless TFX_GPU_TEST_DEVICE names another device)."""
+    if GPU_TEST_DEVICE != "cuda" or torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (TFX_GPU_TEST_DEVICE=cpu runs it on CPU)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 def tiny_model(norm: str = "none", enc: int = 2, dec: int = 2, d: int = 32, **kw) -> Transformer:

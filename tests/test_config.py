@@ -12,7 +12,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from tfx.config import Config, register_configs
+from tfx.config import PRECISIONS, Config, register_configs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -114,11 +114,16 @@ def test_public_knobs_override() -> None:
         (["model.norm=sideways", "init=xavier"], "model.norm"),
         (["init.name=fixup"], "init.name"),
         (["optim.name=sgd"], "optim.name='sgd': use one of"),
+        (["train.precision=fp8"], "train.precision='fp8': use auto, fp32, bf16, fp16"),
     ],
 )
 def test_bad_values_fail_at_start(overrides: list[str], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         load(overrides)
+
+
+def test_every_precision_composes() -> None:
+    assert [load([f"train.precision={p}"]).train.precision for p in PRECISIONS] == ["auto", "fp32", "bf16", "fp16"]
 
 
 def test_typo_and_wrong_type_fail() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import signal
 import socket
@@ -208,16 +207,3 @@ def test_multirun_sweep_makes_self_describing_folders(tmp_path: Path) -> None:
     assert len(runs) == 2
     for n, name in zip((1, 2), runs, strict=True):
         assert f",model.encoder_layers={n}," in name and "train.max_updates=2" in name
-
-
-def test_precision_auto_keeps_cpus_without_native_bf16_in_fp32() -> None:
-    cpu = torch.device("cpu")
-    assert train_mod.use_bf16("auto", cpu) == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    assert train_mod.use_bf16("bf16", cpu) and not train_mod.use_bf16("fp32", cpu)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_bf16_training_on_cuda(tmp_path: Path) -> None:
-    summary = train(tiny_cfg(tmp_path, device="cuda", precision="bf16", max_updates=20), tmp_path / "run")
-    assert all(math.isfinite(x) for x in summary["losses"]) and summary["losses"][-1] < summary["losses"][0]

@@ -16,6 +16,7 @@ from tfx.optim import OPTIMIZERS
 NORMS = ("none", "post", "pre")
 INIT_NAMES = ("xavier", "tfixup", "component_wise")
 DATA_SOURCES = ("toy", "local", "hub")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # tfx/precision.py says what each does
 
 
 def _require(ok: bool, message: str) -> None:
@@ -172,7 +173,7 @@ class TrainConfig:
 
     seed: int = 1  # seeds data order, init and dropout
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
+    precision: str = "auto"  # auto (bf16 where native, else fp32) | fp32 | bf16 | fp16 (dynamic loss scaling)
     threads: int = 0  # torch CPU threads; 0 = torch default
     max_updates: int = 0  # stop after this many updates; 0 = no limit
     max_epochs: int = 0  # stop after this many epochs; 0 = no limit
@@ -193,7 +194,7 @@ class TrainConfig:
     progress: bool = True  # show a tqdm progress bar
 
     def __post_init__(self) -> None:
-        _require(self.precision in ("auto", "fp32", "bf16"), "train.precision: use auto, fp32 or bf16")
+        _require(self.precision in PRECISIONS, f"train.precision={self.precision!r}: use {', '.join(PRECISIONS)}")
         _require(self.update_freq >= 1, "train.update_freq must be >= 1")
         _require(self.valid_beam >= 1, "train.valid_beam must be >= 1")
         _require(self.keep_last >= 1, "train.keep_last must be >= 1")

@@ -42,6 +42,7 @@ from tfx.init import apply_init
 from tfx.logger import RunLogger
 from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer, lr_at, set_lr
+from tfx.precision import Precision
 from tfx.validate import validate
 
 log = logging.getLogger("tfx.train")
@@ -65,6 +66,7 @@ class TrainState:
     best_bleu: float = -1.0
     bad_steps: int = 0  # consecutive non-finite steps
     skipped_steps: int = 0  # all non-finite steps so far
+    overflow_steps: int = 0  # fp16 updates skipped by the loss scaler (not divergence; not in bad_steps)
 
 
 class StopSignal:
@@ -85,19 +87,6 @@ class StopSignal:
 
     def _handle(self, signum: int, frame: object) -> None:
         self.received = signal.Signals(signum).name
-
-
-def use_bf16(precision: str, device: torch.device) -> bool:
-    """``auto``: bf16 on CUDA, and on CPUs with native bf16 matmuls (AVX512-BF16/AMX).
-
-    Without native support oneDNN emulates bf16 and is ~100x *slower* than fp32
-    (measured on an AVX2-only AMD EPYC), so ``auto`` keeps such CPUs in fp32.
-    """
-    if precision != "auto":
-        return precision == "bf16"
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def rng_state() -> dict[str, Any]:
@@ -132,7 +121,8 @@ class Trainer:
         apply_init(self.model, cfg.init.name, seed=cfg.train.seed)
         self.model.to(self.device)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
-        self.bf16 = use_bf16(cfg.train.precision, self.device)
+        self.precision = Precision(cfg.train.precision, self.device)
+        self.bf16 = self.precision.bf16  # validation autocasts only for bf16 (fp16 validates in fp32)
         self.state = TrainState()
         self.resumed_from = self._maybe_resume()
         self.net: nn.Module = self._wrap(self.model)
@@ -184,6 +174,7 @@ class Trainer:
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.state = TrainState(**ckpt["train_state"])
         set_rng_state(ckpt["rng"])
+        self.precision.load_state_dict(ckpt.get("scaler", {}))  # fp16 loss scale; absent in older checkpoints
         log.info("resumed from %s at update %d (epoch %d)", path, self.state.step, self.state.epoch)
         return path
 
@@ -196,6 +187,7 @@ class Trainer:
             "step": self.state.step,
             "epoch": self.state.epoch,
             "rng": rng_state(),
+            "scaler": self.precision.state_dict(),
             "config": dataclasses.asdict(self.cfg),
             "spm_model": self.corpus.tokenizer.model_bytes,
             "vocab_size": self.corpus.tokenizer.vocab_size,
@@ -233,9 +225,6 @@ class Trainer:
             old.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ step
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
-
     def train_step(self, batches: list[Batch], record_layers: bool = False) -> dict[str, float]:
         """One update over ``update_freq`` micro-batches; returns a flat metrics dict.
 
@@ -259,27 +248,33 @@ class Trainer:
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or not self.dist.enabled else self.net.no_sync()
             recorder = ActivationRMS(self.model) if record_layers and last else None
-            with sync, recorder or contextlib.nullcontext(), self._autocast():
+            with sync, recorder or contextlib.nullcontext(), self.precision.autocast():
                 logits = self.net(batch.src_tokens, batch.prev_output_tokens)
                 loss, nll = label_smoothed_loss(logits, batch.target, opt.label_smoothing, PAD)
-            (loss * self.dist.world_size / max(ntokens, 1.0)).backward()
+            self.precision.backward(loss * self.dist.world_size / max(ntokens, 1.0))
             loss_sum += loss.item()
             nll_sum += nll.item()
         clip = opt.clip_norm if opt.clip_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=True))
+        grad_norm = self.precision.unscale_and_clip(self.optimizer, self.model.parameters(), clip)
         metrics = {"train/grad_norm": grad_norm, "train/lr": lr}
         if record_layers:  # per-layer grad norms and activation RMS: what LayerNorm would otherwise hide
             metrics.update({f"layers/{k}": v for k, v in layer_stats(self.model, recorder).items()})
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
+        # Reduced before the step so every rank tells an fp16 overflow from a non-finite loss alike.
+        loss_sum = distributed.all_reduce_sum(loss_sum, self.device) / max(ntokens, 1.0)
+        nll_sum = distributed.all_reduce_sum(nll_sum, self.device) / max(ntokens, 1.0)
+        outcome = self.precision.step(self.optimizer, grad_norm, loss_finite=math.isfinite(loss_sum))
+        if outcome.applied:
             self.state.step += 1
             self.state.bad_steps = 0
+        elif outcome.overflow:
+            self.state.overflow_steps += 1
         else:
             self.state.bad_steps += 1
             self.state.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = distributed.all_reduce_sum(loss_sum, self.device) / max(ntokens, 1.0)
-        nll_sum = distributed.all_reduce_sum(nll_sum, self.device) / max(ntokens, 1.0)
+        if self.precision.scaling:
+            metrics["train/loss_scale"] = self.precision.loss_scale
+            metrics["train/overflow_steps"] = float(self.state.overflow_steps)
         metrics.update(
             {
                 "train/loss": loss_sum / math.log(2),  # bits per token, as fairseq reports
@@ -446,7 +441,7 @@ class Trainer:
             self.cfg.init.name,
             n_params / 1e6,
             self.device,
-            " bf16" if self.bf16 else " fp32",
+            f" {self.precision.name}",
             self.dist.world_size,
         )
 

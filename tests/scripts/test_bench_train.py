@@ -1,0 +1,57 @@
+"""scripts/bench_train.py: the FLOP count against torch's counter, the peak table, a tiny run end to end."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from tests.conftest import load_script
+from tfx.criterion import label_smoothed_loss
+from tfx.model import Transformer
+
+TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.ffn_dim=64",
+        "data.max_tokens=128", "data.vocab_size=200"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return load_script("bench_train")
+
+
+def test_matmul_flops_match_torchs_flop_counter(bench: ModuleType) -> None:
+    """6 x params x tokens against the FLOPs torch counts in the linear layers' forward + backward."""
+    d, vocab = 128, 2000
+    model = Transformer(vocab, 0, 2, 2, d_model=d, ffn_dim=4 * d, heads=4, norm="none", share_decoder_embeddings=True)
+    src, tgt = torch.randint(4, vocab, (8, 20)), torch.randint(4, vocab, (8, 16))
+    with FlopCounterMode(display=False) as counter:
+        loss, _ = label_smoothed_loss(model(src, tgt), tgt, 0.1, 0)
+        loss.backward()
+    counted = counter.get_flop_counts()["Global"]
+    linear = sum(v for op, v in counted.items() if str(op) in ("aten.mm", "aten.addmm"))
+    assert bench.matmul_flops(model, d, vocab, src, tgt) == pytest.approx(linear, rel=0.02)
+    # QK^T and AV, forward (2 + 2 FLOPs per multiply-add pair) and backward (twice that), per layer and sentence
+    attn = 12 * d * 8 * (2 * 20 * 20 + 2 * (16 * 16 + 16 * 20))
+    assert bench.attention_flops(model, d, src, tgt) == attn
+
+
+def test_peak_table_prefers_the_specific_name(bench: ModuleType) -> None:
+    names = {"NVIDIA H100 PCIe": 756.0, "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H200": 989.0, "Tesla V100-SXM2": 125.0}
+    for name, peak in names.items():
+        assert next(p for key, p in bench.PEAK_TFLOPS if key in name) == peak
+    assert bench.peak_tflops(torch.device("cpu"), None) is None and bench.peak_tflops(torch.device("cpu"), 2.0) == 2.0
+
+
+def test_tiny_run_prints_the_table_and_profile(bench: ModuleType, capsys: pytest.CaptureFixture) -> None:
+    argv = ["--experiment", "iwslt", "--device", "cpu", "--steps", "2", "--warmup", "1", "--lengths", "8", "12",
+            "--peak-tflops", "1", "--profile", "--profile-steps", "1", *TINY]  # fmt: skip
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "iwslt: 1+1 layers, d 32" in out and "vocab 200" in out
+    row = next(line for line in out.splitlines() if line.startswith("| off |"))
+    tokens_per_update, tokens_per_s, mfu = row.split("|")[3], float(row.split("|")[5]), row.split("|")[7]
+    assert int(tokens_per_update) == (128 // 8 * 8 + 128 // 12 * 12) // 2 and tokens_per_s > 0
+    assert mfu.strip().endswith("%")
+    assert "| matmul |" in out and "| optimizer + clipping |" in out

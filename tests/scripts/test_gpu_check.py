@@ -1,0 +1,56 @@
+"""scripts/gpu_check.sh: every step at tiny sizes on CPU (--cpu-dry-run), so the GPU run is known to work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "scripts" / "gpu_check.sh"
+STEPS = ("gpu_tests", "throughput", "deep_memory", "multi30k", "multi30k_postln")
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_runs_every_step_and_writes_the_report(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", str(tmp_path / "out")], capture_output=True,
+                          text=True, env=env, timeout=600)  # fmt: skip
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert proc.returncode == 0, proc.stderr[-2000:] + report
+    lines = report.splitlines()
+    for step in STEPS:
+        assert any(line.startswith(f"| {step} | ok | ") for line in lines), step
+    assert "| off | 0.0 |" in report and "| on | 0.0 |" in report  # throughput: compile off and on
+    assert "| matmul |" in report  # the profile
+    assert "| 2 | off |" in report and "| 2 | on |" in report  # memory: checkpointing off and on
+    assert "| multi30k | none / tfixup / 0 | 3 |" in report
+    assert "| multi30k_postln | post / xavier / 100 | 3 |" in report
+
+
+@pytest.mark.slow
+def test_a_step_over_its_time_box_is_reported_and_the_others_still_run(tmp_path: Path) -> None:
+    env = {**os.environ, "T_TESTS": "1", "T_BENCH": "1", "T_MEMORY": "1", "T_PAIR": "1"}
+    proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", str(tmp_path / "out")], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 1
+    report = (tmp_path / "out" / "report.md").read_text()
+    for step in STEPS:
+        assert f"| {step} | timed out after 1 s |" in report, step
+    assert "| multi30k | - | - | - | no checkpoint: see logs/multi30k.log |" in report
+
+
+def test_usage() -> None:
+    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_without_cuda_it_says_to_dry_run(tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "--cpu-dry-run" in proc.stderr

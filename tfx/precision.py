@@ -1,0 +1,126 @@
+"""Mixed precision for the training step: the autocast dtype and, for fp16, dynamic loss scaling.
+
+``train.precision``:
+
+- ``fp32``: no autocast.
+- ``bf16``: bf16 autocast. bf16 has fp32's exponent range, so gradients need no scaling.
+- ``fp16``: fp16 autocast with ``torch.amp.GradScaler``, for GPUs without bf16 (V100, T4). fp16
+  tops out at 65504 and flushes gradients below ~6e-8 to zero, so the loss is multiplied by a
+  scale before backward and the gradients divided by it before clipping and the update. When
+  the scaled gradients overflow (inf/NaN) the update is skipped and the scale halved; after
+  ``growth_interval`` (2000) clean updates it doubles. Same policy as fairseq's
+  ``DynamicLossScaler``, which the T-Fixup reference trained its deep models with.
+- ``auto``: bf16 where it is native (CUDA with bf16, CPUs with AVX512-BF16/AMX), else fp32.
+
+An overflow is not divergence: it is the scaler finding its range, so the trainer counts it
+apart (``train/overflow_steps``) and not toward ``train.max_bad_steps``. It is divergence when
+the loss itself is not finite (loss scaling cannot fix a forward pass that overflows), or when
+gradients still overflow at a scale below ``MIN_LOSS_SCALE`` (fairseq's ``--min-loss-scale``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MIN_LOSS_SCALE = 1e-4  # fairseq's default --min-loss-scale: overflowing below it means the gradients are inf
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """``auto``: bf16 on CUDA, and on CPUs with native bf16 matmuls (AVX512-BF16/AMX).
+
+    Without native support oneDNN emulates bf16 and is ~100x *slower* than fp32
+    (measured on an AVX2-only AMD EPYC), so ``auto`` keeps such CPUs in fp32.
+    """
+    if precision != "auto":
+        return precision == "bf16"
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The dtype the forward pass autocasts to; None for fp32."""
+    if precision == "fp16":
+        return torch.float16
+    return torch.bfloat16 if use_bf16(precision, device) else None
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one update did."""
+
+    grad_norm: float  # of the unscaled gradients, before clipping (inf/NaN on a bad or overflow step)
+    applied: bool  # the optimizer stepped
+    overflow: bool  # fp16: skipped because the scaled gradients overflowed; the scale was lowered
+
+
+class Precision:
+    """Autocast + loss scaling for one device; ``train_step`` calls only this for precision."""
+
+    def __init__(self, precision: str, device: torch.device) -> None:
+        self.device = device
+        self.dtype = autocast_dtype(precision, device)
+        # Disabled (a pass-through) unless fp16; its state_dict is then empty.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype is torch.float16)
+
+    @property
+    def name(self) -> str:
+        return {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}[self.dtype]
+
+    @property
+    def bf16(self) -> bool:
+        return self.dtype is torch.bfloat16
+
+    @property
+    def scaling(self) -> bool:
+        return self.scaler.is_enabled()
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def unscale_and_clip(
+        self, optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float
+    ) -> float:
+        """Divide the gradients by the loss scale (first, so the clip threshold means what it says), then clip.
+
+        Returns the total norm before clipping (non-finite on overflow).
+        """
+        self.scaler.unscale_(optimizer)  # a no-op when disabled
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
+
+    def step(self, optimizer: torch.optim.Optimizer, grad_norm: float, loss_finite: bool) -> StepOutcome:
+        """Apply the update unless the gradients are not finite; under fp16 also update the scale."""
+        finite = math.isfinite(grad_norm)
+        if not self.scaling:
+            if finite:
+                optimizer.step()
+            return StepOutcome(grad_norm, applied=finite, overflow=False)
+        self.scaler.step(optimizer)  # skips the update itself when unscale_ found inf/NaN
+        self.scaler.update()  # halves the scale after an overflow, doubles it after growth_interval clean steps
+        overflow = not finite and loss_finite and self.loss_scale >= MIN_LOSS_SCALE
+        return StepOutcome(grad_norm, applied=finite, overflow=overflow)
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 without fp16)."""
+        return float(self.scaler.get_scale()) if self.scaling else 1.0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scaler's scale and growth tracker (plain numbers; empty without fp16)."""
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the scale; an empty state (a checkpoint saved without fp16) keeps the initial one."""
+        if state and self.scaling:
+            self.scaler.load_state_dict(state)
