@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tfx.bleu import corpus_bleu  # noqa: E402
 from tfx.data import EOS, read_parallel_text  # noqa: E402
 from tfx.decode import beam_search, length_batches, pad_batch  # noqa: E402
+from tfx.distributed import resolve_device  # noqa: E402
 from tfx.model import Transformer  # noqa: E402
-from tfx.translate import load_model, pick_device, read_text_lines  # noqa: E402
+from tfx.translate import load_model, read_text_lines  # noqa: E402
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
@@ -112,7 +113,7 @@ def main() -> int:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
+    device = resolve_device(args.device, setting="--device")
     model, tokenizer, src, refs = random_setup(args, device) if args.random else checkpoint_setup(args, device)
     subset = src[: args.uncached_limit]
     print(

@@ -93,6 +93,10 @@ def atomic_save(obj: Any, path: str | Path) -> None:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load with ``weights_only=True``; a missing or corrupt file is a one-line ``CheckpointError``."""
     path = Path(path)
+    if path.is_dir():
+        held = sorted(p.relative_to(path).as_posix() for p in [*path.glob("*.pt"), *path.glob("checkpoints/*.pt")])
+        holds = f"it holds {', '.join(held)}" if held else "it holds no .pt checkpoint files"
+        raise CheckpointError(f"checkpoint {path} is a folder; {holds}: pass one checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist: pass a .pt file written by tfx.train")
     try:

@@ -26,11 +26,11 @@ from tfx.bleu import corpus_bleu, tokenized_bleu
 from tfx.checkpoint import CheckpointError, atomic_save, git_sha
 from tfx.config import DataConfig
 from tfx.data import DataError, prepare_data, read_parallel_text
+from tfx.distributed import resolve_device
 from tfx.translate import (
     add_decoding_args,
     check_decoding_args,
     load_model,
-    pick_device,
     run_reporting_errors,
     translate_with_args,
     write_text_atomic,
@@ -118,7 +118,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Translate and score; prints the report and returns what was written to the JSON file."""
     ckpt_path = resolve_checkpoint(args.target, args.avg)
-    device = pick_device(args.device)
+    device = resolve_device(args.device, setting="--device")
     model, tokenizer, config = load_model(ckpt_path, device)
     cfg = data_config(config, args.data_dir)
     if args.src is not None:

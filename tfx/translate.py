@@ -19,16 +19,7 @@ import torch
 from tfx.checkpoint import CheckpointError, atomic_open, build_from_checkpoint, load_checkpoint
 from tfx.data import DataError
 from tfx.decode import translate_sentences
-
-
-def pick_device(name: str) -> torch.device:
-    """``auto`` = CUDA when available, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CheckpointError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
-    return device
+from tfx.distributed import DeviceError, resolve_device
 
 
 def load_model(path: str | Path, device: torch.device):
@@ -112,7 +103,7 @@ def translate_with_args(
     )
 
 
-USER_ERRORS = (CheckpointError, DataError, OSError)  # bad input: one line on stderr, exit 1, no traceback
+USER_ERRORS = (CheckpointError, DataError, DeviceError, OSError)  # bad input: one line on stderr, exit 1, no traceback
 
 
 def run_reporting_errors(action: Callable[[], object]) -> int:
@@ -148,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
 
     def translate() -> None:
-        device = pick_device(args.device)
+        device = resolve_device(args.device, setting="--device")
         model, tokenizer, _ = load_model(args.checkpoint, device)
         sentences = read_text_lines(args.input)
         progress = args.input is not None and not args.quiet
