@@ -26,6 +26,7 @@ from tfx.bleu import corpus_bleu, tokenized_bleu
 from tfx.checkpoint import CheckpointError, atomic_save, git_sha
 from tfx.config import DataConfig
 from tfx.data import DataError, prepare_data, read_parallel_text
+from tfx.data.sources import find_text_file
 from tfx.distributed import resolve_device
 from tfx.translate import (
     add_decoding_args,
@@ -75,13 +76,6 @@ def data_config(config: dict[str, Any], data_dir: Path | None) -> DataConfig:
         raise DataError(f"the checkpoint's data config is invalid: {err}") from err
 
 
-def text_file(folder: Path, prefix: str, lang: str) -> Path:
-    """``folder/prefix.lang``, or its ``.gz`` when only that exists."""
-    plain = folder / f"{prefix}.{lang}"
-    gz = plain.with_name(plain.name + ".gz")
-    return gz if not plain.is_file() and gz.is_file() else plain
-
-
 def split_texts(cfg: DataConfig, split: str, seed: int, tokenizer) -> Texts:
     """Source and reference sentences of the run's ``split``."""
     if cfg.source == "local":
@@ -89,7 +83,8 @@ def split_texts(cfg: DataConfig, split: str, seed: int, tokenizer) -> Texts:
             raise DataError("the run has data.source=local but no data.local_dir: pass --data-dir or --src/--ref")
         folder = Path(cfg.local_dir)
         prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
-        return read_parallel_text(text_file(folder, prefix, cfg.src_lang), text_file(folder, prefix, cfg.tgt_lang))
+        src, tgt = (find_text_file(folder, prefix, lang) for lang in (cfg.src_lang, cfg.tgt_lang))
+        return read_parallel_text(src, tgt)
     data = prepare_data(cfg, seed=seed, splits=(split,), tokenizer=tokenizer).splits[split]
     return list(data.src_text), list(data.tgt_text)
 

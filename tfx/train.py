@@ -178,7 +178,8 @@ class Trainer:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
         except (RuntimeError, ValueError, KeyError) as err:
-            raise CheckpointError(f"cannot resume from {path}: its weights do not fit this model ({err})") from err
+            first = str(err).strip().splitlines()[0]
+            raise CheckpointError(f"cannot resume from {path}: its weights do not fit this model ({first})") from err
         for group in self.optimizer.param_groups:  # the config's settings, not the saved ones (force)
             group.update(betas=tuple(self.cfg.optim.betas), eps=self.cfg.optim.eps)
             group.update(weight_decay=self.cfg.optim.weight_decay)
@@ -395,7 +396,8 @@ class Trainer:
                 "stopped by %s at update %d; wrote %s; re-run the same command to resume",
                 stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt",
             )  # fmt: skip
-        self._log_hparams()
+        final = {"hparam/best_bleu": self.state.best_bleu, "hparam/updates": self.state.step}
+        self.logger.hparams(hparams(self.cfg), final)
         return {
             "best_bleu": self.state.best_bleu,
             "step": self.state.step,
@@ -417,38 +419,35 @@ class Trainer:
             self.logger.scalars({**metrics, "train/epoch": self.state.epoch}, self.state.step)
 
     def _log_start(self) -> None:
-        n_params = sum(p.numel() for p in self.model.parameters())
-        m = self.cfg.model
+        n_params = sum(p.numel() for p in self.model.parameters()) / 1e6
+        precision = "bf16" if self.bf16 else "fp32"
         log.info(
-            "run folder %s | %s | %d+%d layers d%d norm=%s init=%s | %.2fM params | device %s%s | %d rank(s)",
-            self.run_dir,
-            self.cfg.experiment,
-            m.encoder_layers,
-            m.decoder_layers,
-            m.d_model,
-            m.norm,
-            self.cfg.init.name,
-            n_params / 1e6,
-            self.device,
-            " bf16" if self.bf16 else " fp32",
-            self.dist.world_size,
-        )
+            "run folder %s | %s | %.2fM params | device %s %s | %d rank(s)",
+            self.run_dir, describe(self.cfg), n_params, self.device, precision, self.dist.world_size,
+        )  # fmt: skip
 
-    def _log_hparams(self) -> None:
-        c = self.cfg
-        params = {
-            "experiment": c.experiment,
-            "norm": c.model.norm,
-            "init": c.init.name,
-            "encoder_layers": c.model.encoder_layers,
-            "decoder_layers": c.model.decoder_layers,
-            "d_model": c.model.d_model,
-            "lr": c.optim.lr,
-            "warmup_updates": c.optim.warmup_updates,
-            "seed": c.train.seed,
-            "data": c.data.name,
-        }
-        self.logger.hparams(params, {"hparam/best_bleu": self.state.best_bleu, "hparam/updates": self.state.step})
+
+def describe(cfg: Config) -> str:
+    """``experiment | 6+6 layers d512 norm=none init=tfixup``: the run in one phrase."""
+    m = cfg.model
+    layers = f"{m.encoder_layers}+{m.decoder_layers} layers d{m.d_model}"
+    return f"{cfg.experiment} | {layers} norm={m.norm} init={cfg.init.name}"
+
+
+def hparams(cfg: Config) -> dict[str, Any]:
+    """The HParams-tab columns: what a comparison of runs varies."""
+    return {
+        "experiment": cfg.experiment,
+        "norm": cfg.model.norm,
+        "init": cfg.init.name,
+        "encoder_layers": cfg.model.encoder_layers,
+        "decoder_layers": cfg.model.decoder_layers,
+        "d_model": cfg.model.d_model,
+        "lr": cfg.optim.lr,
+        "warmup_updates": cfg.optim.warmup_updates,
+        "seed": cfg.train.seed,
+        "data": cfg.data.name,
+    }
 
 
 def train(cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> dict[str, Any]:

@@ -125,7 +125,12 @@ def read_lines(path: str | Path) -> list[str]:
             f"{path}: invalid UTF-8 at line {line} (byte {err.start}): "
             "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
         ) from err
-    # split("\n"), not splitlines(): the latter also breaks at U+2028, \x1c, ... and would misalign.
+    return split_lines(text)
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines without endings. ``split("\\n")``, not ``splitlines()``: the latter also breaks at
+    U+2028, \\x1c, ... and would misalign source and target."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
