@@ -157,11 +157,12 @@ def is_disk_full(err: BaseException) -> bool:
 class CheckpointManager:
     """Rank 0's checkpoint folder; every method is a no-op (or a read) on other ranks."""
 
-    def __init__(self, run_dir: Path, keep_last: int, is_main: bool = True) -> None:
+    def __init__(self, run_dir: Path, keep_last: int, rank: int = 0) -> None:
         self.run_dir = run_dir
         self.dir = run_dir / "checkpoints"
         self.keep_last = keep_last
-        self.is_main = is_main
+        self.rank = rank
+        self.is_main = rank == 0
         self.last_saved_step: int | None = None  # update held by checkpoint_last.pt, once known
         self._lock_fd: int | None = None
 
@@ -211,6 +212,32 @@ class CheckpointManager:
         if explicit:
             raise CheckpointError(f"train.resume={path} does not exist")
         return None
+
+    def resume(
+        self,
+        explicit: str | None,
+        ours: dict[str, Any],
+        force: bool,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+    ) -> tuple[Path, dict[str, Any]] | None:
+        """Load weights, optimizer moments and this rank's RNG streams from the checkpoint to resume
+        from, if any; returns its path and saved ``train_state``."""
+        path = self.resume_path(explicit)
+        if path is None:
+            return None
+        ckpt = self.load_for_resume(path, ours, force)
+        try:
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            first = str(err).strip().splitlines()[0]
+            raise CheckpointError(f"cannot resume from {path}: its weights do not fit this model ({first})") from err
+        rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]  # one entry per rank
+        if self.rank < len(rngs):
+            set_rng_state(rngs[self.rank], device)
+        return path, ckpt["train_state"]
 
     def load_for_resume(self, path: Path, ours: dict[str, Any], force: bool) -> dict[str, Any]:
         """The checkpoint on the CPU (RNG states must stay CPU tensors), checked against ``ours``."""

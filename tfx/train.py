@@ -2,7 +2,7 @@
 
 Order: data -> model -> init -> optimizer. Adam without warmup (T-Fixup) or with it
 (Post-LN baseline), label-smoothed cross-entropy, BLEU validation, TensorBoard under
-``<run>/tb``, atomic checkpoints under ``<run>/checkpoints``. Runs as is on one device or
+``<run>/tb``, checkpoints under ``<run>/checkpoints`` (``tfx.run_checkpoints``). Runs as is on one device or
 under ``torchrun --nproc_per_node=K`` (DDP; rank 0 alone logs and writes).
 """
 
@@ -35,7 +35,7 @@ from tfx.init import apply_init
 from tfx.logger import Progress, RunLogger
 from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer, lr_at, set_lr
-from tfx.run_checkpoints import CheckpointManager, our_trajectory, rng_state, set_rng_state
+from tfx.run_checkpoints import CheckpointManager, our_trajectory, rng_state
 from tfx.validate import validate
 
 log = logging.getLogger("tfx.train")
@@ -100,6 +100,11 @@ DROPOUT_SEED_STRIDE = 1_000_003
 
 
 class Trainer:
+    """One run: build (data -> model -> init -> optimizer), resume, then ``run`` the loop.
+
+    The run folder's checkpoints (lock, saving, pruning, resume checks) are ``self.ckpts``'s job.
+    """
+
     def __init__(self, cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> None:
         self.cfg = cfg
         self.on_update = on_update  # called after every update (studies measure things here)
@@ -107,7 +112,7 @@ class Trainer:
         if not self.dist.is_main:
             logging.getLogger("tfx").setLevel(logging.WARNING)  # rank 0 alone reports progress
         self.run_dir = Path(distributed.broadcast_object(str(run_dir)))
-        self.ckpts = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dist.is_main)
+        self.ckpts = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dist.rank)
         self.ckpts.open()  # writable, locked and clean before any data preparation
         try:
             self._build()
@@ -169,24 +174,16 @@ class Trainer:
 
     def _maybe_resume(self) -> Path | None:
         """Continue from checkpoint_last.pt (or train.resume) when its trajectory matches ours."""
-        path = self.ckpts.resume_path(self.cfg.train.resume)
-        if path is None:
-            return None
         ours = our_trajectory(self.cfg, self.corpus.tokenizer, self.dist.world_size, self.optimizer)
-        ckpt = self.ckpts.load_for_resume(path, ours, force=self.cfg.train.resume_mode == "force")
-        try:
-            self.model.load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as err:
-            first = str(err).strip().splitlines()[0]
-            raise CheckpointError(f"cannot resume from {path}: its weights do not fit this model ({first})") from err
+        force = self.cfg.train.resume_mode == "force"
+        resumed = self.ckpts.resume(self.cfg.train.resume, ours, force, self.model, self.optimizer, self.device)
+        if resumed is None:
+            return None
+        path, train_state = resumed
         for group in self.optimizer.param_groups:  # the config's settings, not the saved ones (force)
             group.update(betas=tuple(self.cfg.optim.betas), eps=self.cfg.optim.eps)
             group.update(weight_decay=self.cfg.optim.weight_decay)
-        self.state = TrainState(**ckpt["train_state"])
-        rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]  # one entry per rank
-        if self.dist.rank < len(rngs):
-            set_rng_state(rngs[self.dist.rank], self.device)
+        self.state = TrainState(**train_state)
         log.info("resumed from %s at update %d (epoch %d)", path, self.state.step, self.state.epoch)
         return path
 
