@@ -97,9 +97,9 @@ def checkpoint_trajectory(ckpt: dict[str, Any]) -> dict[str, Any]:
 
 
 def differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
-    """``name (saved -> ours)`` for every setting that changed."""
-    keys = list(ours) + [k for k in saved if k not in ours]
-    return [f"{k} ({saved.get(k)!r} -> {ours.get(k)!r})" for k in keys if saved.get(k) != ours.get(k)]
+    """``name (saved -> ours)`` for every setting that changed. Settings a checkpoint does not record
+    (written before the field existed) cannot be compared and are skipped."""
+    return [f"{k} ({saved[k]!r} -> {ours.get(k)!r})" for k in saved if saved[k] != ours.get(k)]
 
 
 # ----------------------------------------------------------------------------- the run folder
