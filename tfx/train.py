@@ -143,7 +143,7 @@ class Trainer:
             cfg.train.log_every_updates,
         )  # fmt: skip
         self._validated_at = -1  # update of the latest validation (never validate twice at one update)
-        self._saved_at: tuple[int, int] = (-1, -1)  # (update, epoch) checkpoint_last.pt holds
+        self._saved_state: TrainState | None = None  # what checkpoint_last.pt holds (never write it twice)
         self._last_valid_time = self.state.train_seconds
         self._window = (0.0, time.perf_counter())  # tokens and start time of the throughput window
         self.losses: list[float] = []  # per-update train loss of this process (tests compare these)
@@ -206,7 +206,7 @@ class Trainer:
         }
 
     def save(self, best: bool = False, numbered_epoch: int | None = None) -> None:
-        """checkpoint_last.pt unless it already holds this state; best/numbered weights-only copies.
+        """checkpoint_last.pt unless it already holds this very state; best/numbered weights-only copies.
 
         Only the last checkpoint resumes, so only it carries the optimizer, RNG and iterator
         state; best and numbered ones are for evaluation and averaging, and without Adam's two
@@ -214,9 +214,8 @@ class Trainer:
         Every rank calls this: each one's RNG state goes into the checkpoint.
         """
         rngs = distributed.gather_to_main(rng_state(self.device))
-        key = (self.state.step, self.state.epoch)
-        write_last = key != self._saved_at
-        self._saved_at = key
+        write_last = self.state != self._saved_state
+        self._saved_state = dataclasses.replace(self.state)
         if write_last or best or numbered_epoch is not None:
             self.ckpts.save(self._payload(rngs), write_last, best, numbered_epoch)
 

@@ -14,6 +14,7 @@ import tfx.data.sources as sources
 from tests.reliability.helpers import tiny_cfg, with_changes
 from tests.reliability.test_resume_compat import write_corpus
 from tests.test_config import load
+from tfx.checkpoint import load_checkpoint
 from tfx.data import DataError, prepare_data
 from tfx.train import train
 
@@ -29,6 +30,13 @@ def test_save_and_validation_on_one_update_write_checkpoint_last_once(tmp_path: 
     monkeypatch.setattr(os, "replace", replace)
     train(tiny_cfg(tmp_path, max_updates=4, save_every_updates=2, validate_every_updates=2), tmp_path / "run")
     assert writes.count("checkpoint_last.pt") == 2  # updates 2 and 4, each written once
+
+
+def test_a_final_validation_after_the_last_save_still_reaches_checkpoint_last(tmp_path: Path) -> None:
+    """Writing once per update must not skip a write that records a new best BLEU (resume compares against it)."""
+    summary = train(tiny_cfg(tmp_path, max_updates=4, save_every_updates=4), tmp_path / "run")
+    last = load_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_last.pt")
+    assert last["train_state"]["best_bleu"] == summary["best_bleu"] >= 0
 
 
 def test_numbered_epoch_checkpoints_carry_the_epoch_that_finished(tmp_path: Path) -> None:
