@@ -21,10 +21,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tfx.bleu import corpus_bleu  # noqa: E402
-from tfx.data import EOS, read_parallel_text  # noqa: E402
+from tfx.data import EOS, PAD, read_parallel_text  # noqa: E402
 from tfx.decode import beam_search, length_batches, pad_batch  # noqa: E402
+from tfx.diagnostics import random_tokens  # noqa: E402
+from tfx.distributed import resolve_device  # noqa: E402
 from tfx.model import Transformer  # noqa: E402
-from tfx.translate import load_model, pick_device, read_text_lines  # noqa: E402
+from tfx.translate import load_model, read_text_lines  # noqa: E402
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
@@ -55,12 +57,12 @@ def random_setup(args: argparse.Namespace, device: torch.device):
     """An untrained model and random sources of 8-40 tokens: measures the decoder, not the translations."""
     torch.manual_seed(0)
     d, n_layers = args.d_model, args.layers
-    model = Transformer(args.vocab, 0, n_layers, n_layers, d_model=d, ffn_dim=2 * d, heads=4, dropout=0.0)
+    model = Transformer(args.vocab, PAD, n_layers, n_layers, d_model=d, ffn_dim=2 * d, heads=4, dropout=0.0)
     model = model.to(device).eval()
     g = torch.Generator().manual_seed(0)
     n = args.limit or 200
-    lengths = torch.randint(8, 41, (n,), generator=g).tolist()
-    src = [torch.randint(4, args.vocab, (n_tok - 1,), generator=g).tolist() + [EOS] for n_tok in lengths]
+    tokens = random_tokens(n, 40, args.vocab, PAD, g, min_length=8)  # (n, 40), right-padded
+    src = [row[row != PAD][:-1].tolist() + [EOS] for row in tokens]  # 8-40 tokens ending with EOS
     return model, None, src, None
 
 
@@ -112,7 +114,7 @@ def main() -> int:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
+    device = resolve_device(args.device, setting="--device")
     model, tokenizer, src, refs = random_setup(args, device) if args.random else checkpoint_setup(args, device)
     subset = src[: args.uncached_limit]
     print(

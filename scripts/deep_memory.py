@@ -49,6 +49,7 @@ from torch.utils.checkpoint import checkpoint
 # Run as a plain file from a checkout without `pip install -e .`: make the repo root importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tfx.criterion import label_smoothed_loss  # noqa: E402
+from tfx.diagnostics import random_tokens  # noqa: E402
 from tfx.init import apply_init  # noqa: E402
 from tfx.model import Transformer  # noqa: E402
 
@@ -83,8 +84,7 @@ def build(layers: int, d_model: int, ffn_dim: int, heads: int, vocab: int, check
 def fixed_batch(sentences: int, length: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(src, tgt) random ids >= 4 (ids 0-3 are specials), (sentences, length) each, no padding."""
     g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, vocab, (sentences, length), generator=g)
-    tgt = torch.randint(4, vocab, (sentences, length), generator=g)
+    src, tgt = (random_tokens(sentences, length, vocab, PAD, g, min_length=length) for _ in range(2))
     return src.to(device), tgt.to(device)
 
 

@@ -50,6 +50,7 @@ def test_written_files_follow_the_umask(tmp_path: Path) -> None:
 
 def test_weights_only_payload_drops_exactly_the_resume_state() -> None:
     payload = {"model": {}, "config": {}, "step": 3, "optimizer": {}, "rng": {}, "train_state": {}, "metrics": {}}
+    payload["scaler"] = {"scale": 8192.0}
     assert set(weights_only_payload(payload)) == {"model", "config", "step", "metrics"}
 
 

@@ -14,7 +14,9 @@ and, in ``checkpoint_last.pt`` only (the one a run resumes from; see ``RESUME_KE
 
 ``optimizer``    optimizer state_dict
 ``train_state``  step, epoch, iterator position, timers (``tfx.train.TrainState``)
-``rng``          CPU/CUDA/python RNG states (resume reproduces an uninterrupted run)
+``rng``          per-rank CPU/CUDA/python RNG states (resume reproduces an uninterrupted run)
+``scaler``       the fp16 loss scaler's state (``tfx.precision``)
+``world_size``   ranks that trained it (resume refuses another)
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ def git_sha() -> str | None:
 
 
 RESUME_KEYS = ("optimizer", "train_state", "rng")  # what only a resumable checkpoint needs
+OPTIONAL_RESUME_KEYS = ("scaler",)  # resume state that older checkpoints may lack
 
 
 def weights_only_payload(payload: dict[str, Any]) -> dict[str, Any]:
     """``payload`` without the resume state: enough to translate, evaluate and average."""
-    return {k: v for k, v in payload.items() if k not in RESUME_KEYS}
+    return {k: v for k, v in payload.items() if k not in RESUME_KEYS + OPTIONAL_RESUME_KEYS}
 
 
 class CheckpointError(RuntimeError):
@@ -93,6 +96,10 @@ def atomic_save(obj: Any, path: str | Path) -> None:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load with ``weights_only=True``; a missing or corrupt file is a one-line ``CheckpointError``."""
     path = Path(path)
+    if path.is_dir():
+        held = sorted(p.relative_to(path).as_posix() for p in [*path.glob("*.pt"), *path.glob("checkpoints/*.pt")])
+        holds = f"it holds {', '.join(held)}" if held else "it holds no .pt checkpoint files"
+        raise CheckpointError(f"checkpoint {path} is a folder; {holds}: pass one checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist: pass a .pt file written by tfx.train")
     try:

@@ -191,13 +191,15 @@ class TrainConfig:
     keep_last: int = 10  # numbered checkpoints to keep
     max_bad_steps: int = 10  # consecutive non-finite steps before stopping
     resume: str | None = None  # checkpoint to resume from; default: <run>/checkpoints/checkpoint_last.pt
-    progress: bool = True  # show a tqdm progress bar
+    resume_mode: str = "strict"  # strict: refuse a checkpoint whose settings differ | force: resume, log the changes
+    progress: bool = True  # a tqdm bar on a terminal; a log line every log_every_updates otherwise
 
     def __post_init__(self) -> None:
         _require(self.precision in PRECISIONS, f"train.precision={self.precision!r}: use {', '.join(PRECISIONS)}")
         _require(self.update_freq >= 1, "train.update_freq must be >= 1")
         _require(self.valid_beam >= 1, "train.valid_beam must be >= 1")
         _require(self.keep_last >= 1, "train.keep_last must be >= 1")
+        _require(self.resume_mode in ("strict", "force"), "train.resume_mode: use strict or force")
 
 
 @dataclass

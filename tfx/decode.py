@@ -44,6 +44,14 @@ log = logging.getLogger(__name__)
 NEG_INF = -math.inf
 
 
+# Decoding defaults, the one place beam_search, greedy_decode, translate_sentences and the
+# tfx.translate / tfx.evaluate options take them from.
+BEAM = 5  # beam size
+LENPEN = 1.0  # score = logprob / len ** lenpen
+MAX_LEN_A, MAX_LEN_B = 1.2, 10  # output length <= a * src_len + b
+MAX_TOKENS = 4096  # padded source tokens per batch
+
+
 @dataclass
 class Hypothesis:
     """A finished translation."""
@@ -178,10 +186,10 @@ def beam_search(model: Transformer, src_tokens: Tensor, **options: Any) -> list[
 def beam_search_nbest(
     model: Transformer,
     src_tokens: Tensor,
-    beam: int = 5,
-    lenpen: float = 1.0,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
+    beam: int = BEAM,
+    lenpen: float = LENPEN,
+    max_len_a: float = MAX_LEN_A,
+    max_len_b: int = MAX_LEN_B,
     min_len: int = 1,
     no_repeat_ngram: int = 0,
     use_cache: bool = True,
@@ -275,8 +283,8 @@ def _finish(
 def greedy_decode(
     model: Transformer,
     src_tokens: Tensor,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
+    max_len_a: float = MAX_LEN_A,
+    max_len_b: int = MAX_LEN_B,
     min_len: int = 1,
     no_repeat_ngram: int = 0,
     use_cache: bool = True,
@@ -389,15 +397,15 @@ def translate_sentences(
     model: Transformer,
     tokenizer,
     sentences: Sequence[str],
-    beam: int = 5,
-    lenpen: float = 1.0,
-    max_tokens: int | None = 4096,
+    beam: int = BEAM,
+    lenpen: float = LENPEN,
+    max_tokens: int | None = MAX_TOKENS,
     batch_size: int | None = None,
     device: str | torch.device | None = None,
     progress: bool = False,
     autocast_dtype: torch.dtype | None = None,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
+    max_len_a: float = MAX_LEN_A,
+    max_len_b: int = MAX_LEN_B,
 ) -> list[str]:
     """Detokenized translations of raw ``sentences``, in input order.
 

@@ -222,10 +222,15 @@ def format_report(report: InitReport) -> str:
     return "\n".join(lines)
 
 
-def random_tokens(batch: int, length: int, vocab: int, pad_id: int, generator: torch.Generator) -> Tensor:
-    """Right-padded random ids >= 4 (0-3 are specials), lengths drawn from [length/2, length]."""
+def random_tokens(
+    batch: int, length: int, vocab: int, pad_id: int, generator: torch.Generator, min_length: int | None = None
+) -> Tensor:
+    """Right-padded random ids >= 4 (0-3 are specials), lengths drawn from [min_length, length]
+    (default [length/2, length]; ``min_length=length`` gives no padding). The one random-batch
+    builder of the diagnostics and the memory and decoding benchmarks."""
     tokens = torch.randint(4, vocab, (batch, length), generator=generator)
-    lengths = torch.randint(max(1, length // 2), length + 1, (batch,), generator=generator)
+    low = max(1, length // 2) if min_length is None else min_length
+    lengths = torch.randint(low, length + 1, (batch,), generator=generator)
     tokens[torch.arange(length)[None, :] >= lengths[:, None]] = pad_id
     return tokens
 

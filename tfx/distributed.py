@@ -38,12 +38,35 @@ def setup(device_pref: str) -> tuple[DistInfo, torch.device]:
     return info, device
 
 
-def resolve_device(pref: str, local_rank: int = 0) -> torch.device:
+class DeviceError(ValueError):
+    """A device setting names a device this machine does not have (message is one line)."""
+
+
+def available_devices() -> list[str]:
+    """What ``train.device`` / ``--device`` may name here."""
+    names = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        names.append("mps")
+    return names
+
+
+def resolve_device(pref: str, local_rank: int = 0, setting: str = "train.device") -> torch.device:
+    """``auto`` = this rank's CUDA device when there is one, else CPU; anything else must exist here.
+
+    Checked at start-up, so a missing GPU is one line naming ``setting``, not a traceback after
+    data preparation.
+    """
     if pref == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    if pref == "cuda":
-        return torch.device(f"cuda:{local_rank}")
-    return torch.device(pref)
+    try:
+        device = torch.device(f"cuda:{local_rank}" if pref == "cuda" else pref)
+    except (RuntimeError, ValueError):
+        device = None
+    known = available_devices()
+    name = None if device is None else (str(device) if device.type != "mps" else "mps")
+    if device is None or (device.type != "cpu" and name not in known):
+        raise DeviceError(f"{setting}={pref}: no such device on this machine; available: {', '.join(known)} (or auto)")
+    return device
 
 
 def teardown() -> None:
@@ -62,6 +85,15 @@ def all_reduce_sum(value: float, device: torch.device) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return float(t.item())
+
+
+def gather_to_main(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` in rank order on rank 0 (other ranks get ``[]``); ``[obj]`` without DDP."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out or []
 
 
 def broadcast_object(obj: Any) -> Any:

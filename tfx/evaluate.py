@@ -27,11 +27,12 @@ from tfx.bleu import add_scoring_args, score_all
 from tfx.checkpoint import CheckpointError, atomic_save, build_from_checkpoint, git_sha
 from tfx.config import DataConfig
 from tfx.data import DataError, Tokenizer, prepare_data, read_parallel_text
+from tfx.data.sources import find_text_file
+from tfx.distributed import resolve_device
 from tfx.translate import (
     add_decoding_args,
     check_decoding_args,
     load_model,
-    pick_device,
     run_reporting_errors,
     translate_with_args,
     write_text_atomic,
@@ -76,13 +77,6 @@ def data_config(config: dict[str, Any], data_dir: Path | None) -> DataConfig:
         raise DataError(f"the checkpoint's data config is invalid: {err}") from err
 
 
-def text_file(folder: Path, prefix: str, lang: str) -> Path:
-    """``folder/prefix.lang``, or its ``.gz`` when only that exists."""
-    plain = folder / f"{prefix}.{lang}"
-    gz = plain.with_name(plain.name + ".gz")
-    return gz if not plain.is_file() and gz.is_file() else plain
-
-
 def split_texts(cfg: DataConfig, split: str, seed: int, tokenizer) -> Texts:
     """Source and reference sentences of the run's ``split``."""
     if cfg.source == "local":
@@ -90,7 +84,8 @@ def split_texts(cfg: DataConfig, split: str, seed: int, tokenizer) -> Texts:
             raise DataError("the run has data.source=local but no data.local_dir: pass --data-dir or --src/--ref")
         folder = Path(cfg.local_dir)
         prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
-        return read_parallel_text(text_file(folder, prefix, cfg.src_lang), text_file(folder, prefix, cfg.tgt_lang))
+        src, tgt = (find_text_file(folder, prefix, lang) for lang in (cfg.src_lang, cfg.tgt_lang))
+        return read_parallel_text(src, tgt)
     data = prepare_data(cfg, seed=seed, splits=(split,), tokenizer=tokenizer).splits[split]
     return list(data.src_text), list(data.tgt_text)
 
@@ -119,7 +114,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Translate and score; prints the report and returns what was written to the JSON file."""
     ckpt_path = resolve_checkpoint(args.target, args.avg)
-    device = pick_device(args.device)
+    device = resolve_device(args.device, setting="--device")
     model, tokenizer, config = load_model(ckpt_path, device)
     cfg = data_config(config, args.data_dir)
     if args.src is not None:
@@ -165,7 +160,7 @@ def valid_scorer(first: dict[str, Any], args: argparse.Namespace) -> Callable[[d
     For ``tfx.average --best-window``: ``first`` (any checkpoint of the run) gives the data config
     and tokenizer, so the split is read once for all windows.
     """
-    device = pick_device(args.device)
+    device = resolve_device(args.device, setting="--device")
     config = first["config"]
     cfg = data_config(config, args.data_dir)
     tokenizer = Tokenizer.from_bytes(first["spm_model"])

@@ -6,11 +6,15 @@ never branches on rank to log.
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
+
+log = logging.getLogger("tfx.train")
 
 
 class RunLogger:
@@ -49,3 +53,31 @@ class RunLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+class Progress:
+    """A tqdm bar on a terminal; a plain log line every ``every`` updates when output is redirected.
+
+    tqdm redraws with carriage returns, which turn a redirected log into hundreds of fragments.
+    """
+
+    def __init__(self, enabled: bool, total: int | None, initial: int, every: int) -> None:
+        self.enabled, self.total, self.every = enabled, total, max(every, 1)
+        self.bar = None
+        if enabled and sys.stdout.isatty() and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc="train", unit="upd", mininterval=1.0, dynamic_ncols=True)
+
+    def update(self, step: int, epoch: int, metrics: Mapping[str, float]) -> None:
+        loss, lr = metrics["train/loss"], metrics["train/lr"]
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", ep=epoch)
+        elif self.enabled and step % self.every == 0:
+            of = f"/{self.total}" if self.total else ""
+            log.info("update %d%s | epoch %d | loss %.3f | lr %.2e", step, of, epoch, loss, lr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

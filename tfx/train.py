@@ -2,7 +2,7 @@
 
 Order: data -> model -> init -> optimizer. Adam without warmup (T-Fixup) or with it
 (Post-LN baseline), label-smoothed cross-entropy, BLEU validation, TensorBoard under
-``<run>/tb``, atomic checkpoints under ``<run>/checkpoints``. Runs as is on one device or
+``<run>/tb``, checkpoints under ``<run>/checkpoints`` (``tfx.run_checkpoints``). Runs as is on one device or
 under ``torchrun --nproc_per_node=K`` (DDP; rank 0 alone logs and writes).
 """
 
@@ -25,24 +25,18 @@ import torch
 from torch import nn
 
 from tfx import distributed
-from tfx.checkpoint import (
-    RESUME_KEYS,
-    CheckpointError,
-    atomic_copy,
-    atomic_save,
-    git_sha,
-    load_checkpoint,
-    weights_only_payload,
-)
+from tfx.checkpoint import CheckpointError, git_sha
 from tfx.config import Config, register_configs
 from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, Batch, DataError, collate, make_batches, prepare_data
 from tfx.diagnostics import ActivationRMS, layer_stats
+from tfx.distributed import DeviceError
 from tfx.init import apply_init
-from tfx.logger import RunLogger
+from tfx.logger import Progress, RunLogger
 from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer, lr_at, set_lr
 from tfx.precision import Precision
+from tfx.run_checkpoints import CheckpointManager, our_trajectory, rng_state
 from tfx.validate import validate
 
 log = logging.getLogger("tfx.train")
@@ -89,29 +83,34 @@ class StopSignal:
         self.received = signal.Signals(signum).name
 
 
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+# Ranks start from identical weights (the init is seeded with train.seed on every rank), then
+# draw different dropout masks: rank r > 0 reseeds its stream with seed + r * this stride.
+DROPOUT_SEED_STRIDE = 1_000_003
 
 
 class Trainer:
+    """One run: build (data -> model -> init -> optimizer), resume, then ``run`` the loop.
+
+    The run folder's checkpoints (lock, saving, pruning, resume checks) are ``self.ckpts``'s job.
+    """
+
     def __init__(self, cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> None:
         self.cfg = cfg
         self.on_update = on_update  # called after every update (studies measure things here)
-        self.dist, self.device = distributed.setup(cfg.train.device)
+        self.dist, self.device = distributed.setup(cfg.train.device)  # a missing device fails here
         if not self.dist.is_main:
             logging.getLogger("tfx").setLevel(logging.WARNING)  # rank 0 alone reports progress
         self.run_dir = Path(distributed.broadcast_object(str(run_dir)))
-        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.ckpts = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dist.rank)
+        self.ckpts.open()  # writable, locked and clean before any data preparation
+        try:
+            self._build()
+        except BaseException:
+            self.ckpts.close()
+            raise
+
+    def _build(self) -> None:
+        cfg = self.cfg
         if cfg.train.threads > 0:
             torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
@@ -119,6 +118,8 @@ class Trainer:
         self.corpus = self._prepare_data()
         self.model: Transformer = build_model(cfg.model, self.corpus.tokenizer.vocab_size, PAD)
         apply_init(self.model, cfg.init.name, seed=cfg.train.seed)
+        if self.dist.rank > 0:
+            torch.manual_seed(cfg.train.seed + DROPOUT_SEED_STRIDE * self.dist.rank)
         self.model.to(self.device)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.precision = Precision(cfg.train.precision, self.device)
@@ -127,9 +128,20 @@ class Trainer:
         self.resumed_from = self._maybe_resume()
         self.net: nn.Module = self._wrap(self.model)
         self.logger = RunLogger(self.run_dir if self.dist.is_main else None)
+        self.progress = Progress(
+            self.dist.is_main and cfg.train.progress, cfg.train.max_updates or None, self.state.step,
+            cfg.train.log_every_updates,
+        )  # fmt: skip
         self._validated_at = -1  # update of the latest validation (never validate twice at one update)
-        self._saved_at = -1  # update of the latest save (the end of a run does not rewrite the same update)
+        self._saved_state: TrainState | None = None  # what checkpoint_last.pt holds (never write it twice)
+        self._last_valid_time = self.state.train_seconds
+        self._window = (0.0, time.perf_counter())  # tokens and start time of the throughput window
         self.losses: list[float] = []  # per-update train loss of this process (tests compare these)
+
+    def close(self) -> None:
+        if hasattr(self, "logger"):
+            self.logger.close()  # also when training diverged: flush what TensorBoard has
+        self.ckpts.close()
 
     # ----------------------------------------------------------------- setup
     def _prepare_data(self):
@@ -151,43 +163,33 @@ class Trainer:
         return net
 
     def _maybe_resume(self) -> Path | None:
-        path = Path(self.cfg.train.resume) if self.cfg.train.resume else self.ckpt_dir / "checkpoint_last.pt"
-        if not path.exists():
-            if self.cfg.train.resume:
-                raise CheckpointError(f"train.resume={path} does not exist")
+        """Continue from checkpoint_last.pt (or train.resume) when its trajectory matches ours."""
+        ours = our_trajectory(self.cfg, self.corpus.tokenizer, self.dist.world_size, self.optimizer)
+        force = self.cfg.train.resume_mode == "force"
+        resumed = self.ckpts.resume(self.cfg.train.resume, ours, force, self.model, self.optimizer, self.device)
+        if resumed is None:
             return None
-        ckpt = load_checkpoint(path, map_location=self.device)
-        if any(k not in ckpt for k in RESUME_KEYS):
-            raise CheckpointError(
-                f"cannot resume from {path}: it holds weights only (best, numbered and averaged checkpoints do); "
-                "resume from the run's checkpoint_last.pt"
-            )
-        saved_model = ckpt["config"]["model"]
-        ours = dataclasses.asdict(self.cfg.model)
-        changed = sorted(k for k in ours if k != "checkpoint_activations" and saved_model.get(k) != ours[k])
-        if changed or ckpt["vocab_size"] != self.corpus.tokenizer.vocab_size:
-            raise CheckpointError(
-                f"cannot resume from {path}: model settings differ ({', '.join(changed) or 'vocab_size'}); "
-                "use a new run folder (hydra.run.dir=...) or the same settings"
-            )
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        path, ckpt = resumed
+        for group in self.optimizer.param_groups:  # the config's settings, not the saved ones (force)
+            group.update(betas=tuple(self.cfg.optim.betas), eps=self.cfg.optim.eps)
+            group.update(weight_decay=self.cfg.optim.weight_decay)
         self.state = TrainState(**ckpt["train_state"])
-        set_rng_state(ckpt["rng"])
         self.precision.load_state_dict(ckpt.get("scaler", {}))  # fp16 loss scale; absent in older checkpoints
         log.info("resumed from %s at update %d (epoch %d)", path, self.state.step, self.state.epoch)
         return path
 
     # ------------------------------------------------------------ checkpoints
-    def _payload(self) -> dict[str, Any]:
+    def _payload(self, rngs: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "optimizer_name": type(self.optimizer).__name__,
             "train_state": dataclasses.asdict(self.state),
             "step": self.state.step,
             "epoch": self.state.epoch,
-            "rng": rng_state(),
+            "rng": rngs,
             "scaler": self.precision.state_dict(),
+            "world_size": self.dist.world_size,
             "config": dataclasses.asdict(self.cfg),
             "spm_model": self.corpus.tokenizer.model_bytes,
             "vocab_size": self.corpus.tokenizer.vocab_size,
@@ -195,34 +197,19 @@ class Trainer:
             "git_sha": git_sha(),
         }
 
-    def save(self, best: bool = False, numbered: bool = False) -> None:
-        """checkpoint_last.pt always; best and/or numbered as weights-only copies. Rank 0 only, atomic.
+    def save(self, best: bool = False, numbered_epoch: int | None = None) -> None:
+        """checkpoint_last.pt unless it already holds this very state; best/numbered weights-only copies.
 
         Only the last checkpoint resumes, so only it carries the optimizer, RNG and iterator
         state; best and numbered ones are for evaluation and averaging, and without Adam's two
         moments they are a third of the size (4 GB instead of 13 GB at 200+200 layers, d 512).
+        Every rank calls this: each one's RNG state goes into the checkpoint.
         """
-        self._saved_at = self.state.step
-        if not self.dist.is_main:
-            return
-        payload = self._payload()
-        atomic_save(payload, self.ckpt_dir / "checkpoint_last.pt")
-        targets = []
-        if best:
-            targets.append(self.ckpt_dir / "checkpoint_best.pt")
-        if numbered:
-            targets.append(self.ckpt_dir / f"checkpoint_{self.state.epoch}_{self.state.step}.pt")
-        if targets:
-            atomic_save(weights_only_payload(payload), targets[0])
-            for other in targets[1:]:
-                atomic_copy(targets[0], other)
-        if numbered:
-            self._prune_numbered()
-
-    def _prune_numbered(self) -> None:
-        numbered = sorted(self.ckpt_dir.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
-        for old in numbered[: -self.cfg.train.keep_last]:
-            old.unlink(missing_ok=True)
+        rngs = distributed.gather_to_main(rng_state(self.device))
+        write_last = self.state != self._saved_state
+        self._saved_state = dataclasses.replace(self.state)
+        if write_last or best or numbered_epoch is not None:
+            self.ckpts.save(self._payload(rngs), write_last, best, numbered_epoch)
 
     # ------------------------------------------------------------------ step
     def train_step(self, batches: list[Batch], record_layers: bool = False) -> dict[str, float]:
@@ -288,14 +275,73 @@ class Trainer:
 
     def _check_finite(self) -> None:
         if self.state.bad_steps >= self.cfg.train.max_bad_steps:
-            last = self.ckpt_dir / "checkpoint_last.pt"
-            where = f"last good checkpoint: {last}" if last.exists() else "no checkpoint was written yet"
             raise TrainingDiverged(
                 f"{self.state.bad_steps} consecutive non-finite steps at update {self.state.step} "
-                f"(epoch {self.state.epoch}); {where}. Lower optim.lr or set optim.clip_norm."
+                f"(epoch {self.state.epoch}); {self.ckpts.last_good()}. Lower optim.lr or set optim.clip_norm."
             )
 
     # ------------------------------------------------------------------ loop
+    def run(self) -> dict[str, Any]:
+        """Epochs of updates until the budget is spent or a signal arrives; then validate and save."""
+        self._log_start()
+        with StopSignal() as stop:
+            while not self._should_stop(stop):
+                batches = self._epoch_batches()
+                while self.state.batch_in_epoch < len(batches) and not self._should_stop(stop):
+                    self._update(batches)
+                    self._validate_and_save_if_due()
+                if self.state.batch_in_epoch >= len(batches):
+                    self._end_epoch()
+        self.progress.close()
+        return self._finish(stop)
+
+    def _epoch_batches(self) -> list:
+        """This rank's batches of the current epoch (a pure function of seed, epoch and rank)."""
+        return make_batches(
+            self.corpus.splits["train"], self.cfg.data.max_tokens, self.cfg.data.max_sentences, shuffle=True,
+            seed=self.cfg.train.seed, epoch=self.state.epoch, rank=self.dist.rank, world_size=self.dist.world_size,
+        )  # fmt: skip
+
+    def _update(self, batches: list) -> None:
+        """One update from the next ``update_freq`` batches, then the hook, logs and progress."""
+        t = self.cfg.train
+        start = self.state.batch_in_epoch
+        group = [collate(self.corpus.splits["train"], ix) for ix in batches[start : start + t.update_freq]]
+        record = t.layer_stats_every_updates > 0 and self.state.step % t.layer_stats_every_updates == 0
+        tic = time.perf_counter()
+        metrics = self.train_step(group, record_layers=record)
+        self.state.train_seconds += time.perf_counter() - tic
+        self.state.batch_in_epoch = start + len(group)
+        self.losses.append(metrics["train/loss"])
+        self._check_finite()
+        if self.on_update is not None:
+            self.on_update(self, metrics)
+        self._log_scalars(metrics, force=record)
+        self.progress.update(self.state.step, self.state.epoch, metrics)
+
+    def _validate_and_save_if_due(self) -> None:
+        """Numbered saves and validations on their schedules; one write when both fall on this update."""
+        t, step = self.cfg.train, self.state.step
+        save_due = bool(t.save_every_updates) and step % t.save_every_updates == 0
+        minutes_due = t.validate_every_minutes and (
+            self.state.train_seconds - self._last_valid_time >= 60 * t.validate_every_minutes
+        )
+        valid_due = bool(t.validate_every_updates) and step % t.validate_every_updates == 0 or bool(minutes_due)
+        best = False
+        if valid_due:
+            self._last_valid_time = self.state.train_seconds
+            best = self._validate()
+        if save_due or valid_due:
+            self.save(best=best, numbered_epoch=self.state.epoch if save_due else None)
+
+    def _end_epoch(self) -> None:
+        """Validate and save; a numbered checkpoint carries the epoch that just finished."""
+        finished = self.state.epoch
+        self.state.epoch += 1
+        self.state.batch_in_epoch = 0
+        every = self.cfg.train.save_every_epochs
+        self.save(best=self._validate(), numbered_epoch=finished if every and finished % every == 0 else None)
+
     def _budget_left(self) -> bool:
         t = self.cfg.train
         if t.max_updates and self.state.step >= t.max_updates:
@@ -325,84 +371,24 @@ class Trainer:
             self.logger.translations("valid/samples", result.samples, self.state.step)
             log.info(
                 "validation at update %d (%.1f train min): loss %.3f | BLEU %.2f (best %.2f) | %s",
-                self.state.step,
-                minutes,
-                result.metrics["valid/loss"],
-                result.bleu,
-                self.state.best_bleu,
+                self.state.step, minutes, result.metrics["valid/loss"], result.bleu, self.state.best_bleu,
                 result.signature,
-            )
+            )  # fmt: skip
         distributed.barrier()
+        self._window = (0.0, time.perf_counter())  # validation time is not training throughput
         return improved
-
-    def run(self) -> dict[str, Any]:
-        t = self.cfg.train
-        self._log_start()
-        last_valid_time = self.state.train_seconds
-        window_tokens, window_start = 0.0, time.perf_counter()
-        bar = self._progress_bar()
-        with StopSignal() as stop:
-            while not self._should_stop(stop):
-                train = self.corpus.splits["train"]
-                rank, world = self.dist.rank, self.dist.world_size
-                batches = make_batches(
-                    train, self.cfg.data.max_tokens, self.cfg.data.max_sentences, shuffle=True,
-                    seed=t.seed, epoch=self.state.epoch, rank=rank, world_size=world,
-                )  # fmt: skip
-                while self.state.batch_in_epoch < len(batches) and not self._should_stop(stop):
-                    start = self.state.batch_in_epoch
-                    group = [collate(train, ix) for ix in batches[start : start + t.update_freq]]
-                    record = t.layer_stats_every_updates > 0 and self.state.step % t.layer_stats_every_updates == 0
-                    tic = time.perf_counter()
-                    metrics = self.train_step(group, record_layers=record)
-                    self.state.train_seconds += time.perf_counter() - tic
-                    self.state.batch_in_epoch = start + len(group)
-                    self.losses.append(metrics["train/loss"])
-                    window_tokens += metrics["train/ntokens"]
-                    self._check_finite()
-                    if self.on_update is not None:
-                        self.on_update(self, metrics)
-                    if self.state.step % t.log_every_updates == 0 or record:
-                        elapsed = time.perf_counter() - window_start
-                        metrics["train/tokens_per_s"] = window_tokens / max(elapsed, 1e-9)
-                        window_tokens, window_start = 0.0, time.perf_counter()
-                        self.logger.scalars({**metrics, "train/epoch": self.state.epoch}, self.state.step)
-                    bar.update(1)
-                    bar.set_postfix(
-                        loss=f"{metrics['train/loss']:.3f}", lr=f"{metrics['train/lr']:.2e}", ep=self.state.epoch
-                    )
-                    if t.save_every_updates and self.state.step % t.save_every_updates == 0:
-                        self.save(numbered=True)
-                    minutes_due = t.validate_every_minutes and (
-                        self.state.train_seconds - last_valid_time >= 60 * t.validate_every_minutes
-                    )
-                    if (t.validate_every_updates and self.state.step % t.validate_every_updates == 0) or minutes_due:
-                        last_valid_time = self.state.train_seconds
-                        self.save(best=self._validate())
-                        window_start = time.perf_counter()
-                if self.state.batch_in_epoch >= len(batches):
-                    self.state.epoch += 1
-                    self.state.batch_in_epoch = 0
-                    numbered = bool(t.save_every_epochs) and (self.state.epoch - 1) % t.save_every_epochs == 0
-                    self.save(best=self._validate(), numbered=numbered)
-                    window_start = time.perf_counter()
-        bar.close()
-        return self._finish(stop)
 
     def _finish(self, stop: StopSignal) -> dict[str, Any]:
         # _validate is a no-op when the last epoch end already validated (and saved) this update.
         improved = stop.received is None and self._validate()
-        if improved or self._saved_at != self.state.step:
-            self.save(best=improved)
+        self.save(best=improved)
         if stop.received is not None:
             log.warning(
                 "stopped by %s at update %d; wrote %s; re-run the same command to resume",
-                stop.received,
-                self.state.step,
-                self.ckpt_dir / "checkpoint_last.pt",
-            )
-        self._log_hparams()
-        self.logger.close()
+                stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt",
+            )  # fmt: skip
+        final = {"hparam/best_bleu": self.state.best_bleu, "hparam/updates": self.state.step}
+        self.logger.hparams(hparams(self.cfg), final)
         return {
             "best_bleu": self.state.best_bleu,
             "step": self.state.step,
@@ -413,53 +399,45 @@ class Trainer:
         }
 
     # --------------------------------------------------------------- logging
-    def _progress_bar(self):
-        from tqdm.auto import tqdm
-
-        total = self.cfg.train.max_updates or None
-        return tqdm(
-            total=total,
-            initial=self.state.step,
-            desc="train",
-            unit="upd",
-            disable=not (self.dist.is_main and self.cfg.train.progress),
-            mininterval=1.0,
-            dynamic_ncols=True,
-        )
+    def _log_scalars(self, metrics: dict[str, float], force: bool) -> None:
+        """TensorBoard scalars every ``log_every_updates`` (and with layer stats), with tokens/s."""
+        tokens, start = self._window
+        tokens += metrics["train/ntokens"]
+        self._window = (tokens, start)
+        if self.state.step % self.cfg.train.log_every_updates == 0 or force:
+            metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
+            self._window = (0.0, time.perf_counter())
+            self.logger.scalars({**metrics, "train/epoch": self.state.epoch}, self.state.step)
 
     def _log_start(self) -> None:
-        n_params = sum(p.numel() for p in self.model.parameters())
-        m = self.cfg.model
+        n_params = sum(p.numel() for p in self.model.parameters()) / 1e6
         log.info(
-            "run folder %s | %s | %d+%d layers d%d norm=%s init=%s | %.2fM params | device %s%s | %d rank(s)",
-            self.run_dir,
-            self.cfg.experiment,
-            m.encoder_layers,
-            m.decoder_layers,
-            m.d_model,
-            m.norm,
-            self.cfg.init.name,
-            n_params / 1e6,
-            self.device,
-            f" {self.precision.name}",
-            self.dist.world_size,
-        )
+            "run folder %s | %s | %.2fM params | device %s %s | %d rank(s)",
+            self.run_dir, describe(self.cfg), n_params, self.device, self.precision.name, self.dist.world_size,
+        )  # fmt: skip
 
-    def _log_hparams(self) -> None:
-        c = self.cfg
-        params = {
-            "experiment": c.experiment,
-            "norm": c.model.norm,
-            "init": c.init.name,
-            "encoder_layers": c.model.encoder_layers,
-            "decoder_layers": c.model.decoder_layers,
-            "d_model": c.model.d_model,
-            "lr": c.optim.lr,
-            "warmup_updates": c.optim.warmup_updates,
-            "seed": c.train.seed,
-            "data": c.data.name,
-        }
-        self.logger.hparams(params, {"hparam/best_bleu": self.state.best_bleu, "hparam/updates": self.state.step})
+
+def describe(cfg: Config) -> str:
+    """``experiment | 6+6 layers d512 norm=none init=tfixup``: the run in one phrase."""
+    m = cfg.model
+    layers = f"{m.encoder_layers}+{m.decoder_layers} layers d{m.d_model}"
+    return f"{cfg.experiment} | {layers} norm={m.norm} init={cfg.init.name}"
+
+
+def hparams(cfg: Config) -> dict[str, Any]:
+    """The HParams-tab columns: what a comparison of runs varies."""
+    return {
+        "experiment": cfg.experiment,
+        "norm": cfg.model.norm,
+        "init": cfg.init.name,
+        "encoder_layers": cfg.model.encoder_layers,
+        "decoder_layers": cfg.model.decoder_layers,
+        "d_model": cfg.model.d_model,
+        "lr": cfg.optim.lr,
+        "warmup_updates": cfg.optim.warmup_updates,
+        "seed": cfg.train.seed,
+        "data": cfg.data.name,
+    }
 
 
 def train(cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> dict[str, Any]:
@@ -470,7 +448,7 @@ def train(cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> di
         return trainer.run()
     finally:
         if trainer is not None:
-            trainer.logger.close()  # also when training diverged: flush what TensorBoard has
+            trainer.close()
         distributed.teardown()
 
 
@@ -488,7 +466,7 @@ def _main(cfg_node: Any) -> float:
         sys.exit(2)
     try:
         summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
-    except (DataError, CheckpointError, TrainingDiverged) as e:
+    except (DataError, CheckpointError, DeviceError, TrainingDiverged) as e:
         log.error("%s", e)
         sys.exit(1)
     return summary["best_bleu"]

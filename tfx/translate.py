@@ -16,19 +16,12 @@ from pathlib import Path
 
 import torch
 
+from tfx import decode
 from tfx.checkpoint import CheckpointError, atomic_open, build_from_checkpoint, load_checkpoint
 from tfx.data import DataError
+from tfx.data.sources import read_lines, split_lines
 from tfx.decode import translate_sentences
-
-
-def pick_device(name: str) -> torch.device:
-    """``auto`` = CUDA when available, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CheckpointError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
-    return device
+from tfx.distributed import DeviceError, resolve_device
 
 
 def load_model(path: str | Path, device: torch.device):
@@ -45,26 +38,13 @@ def load_model(path: str | Path, device: torch.device):
         ) from err
 
 
-def split_lines(text: str) -> list[str]:
-    """Lines without endings; ``split("\\n")`` rather than ``splitlines()``, which also breaks at
-    U+2028 and friends and would misalign input and output."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
-
-
 def read_text_lines(path: str | Path | None) -> list[str]:
-    """Lines of a UTF-8 file, or of stdin when ``path`` is None."""
+    """Lines of a UTF-8 file (``.gz`` too), or of stdin when ``path`` is None."""
     if path is None:
         return split_lines(sys.stdin.read())
-    path = Path(path)
-    if not path.is_file():
+    if not Path(path).is_file():
         raise FileNotFoundError(f"input file {path} does not exist")
-    try:
-        return split_lines(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: invalid UTF-8 at byte {err.start}: re-encode the file as UTF-8") from err
+    return read_lines(path)
 
 
 def write_text_atomic(path: str | Path, lines: Sequence[str]) -> None:
@@ -84,11 +64,11 @@ def write_lines(path: str | Path | None, lines: Sequence[str]) -> None:
 
 def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``tfx.translate`` and ``tfx.evaluate``."""
-    parser.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
-    parser.add_argument("--lenpen", type=float, default=1.0, help="length penalty: score = logprob / len**lenpen")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch")
-    parser.add_argument("--max-len-a", type=float, default=1.2, help="max output length = a * src_len + b")
-    parser.add_argument("--max-len-b", type=int, default=10, help="max output length = a * src_len + b")
+    parser.add_argument("--beam", type=int, default=decode.BEAM, help="beam size (1 = greedy)")
+    parser.add_argument("--lenpen", type=float, default=decode.LENPEN, help="score = logprob / len**lenpen")
+    parser.add_argument("--max-tokens", type=int, default=decode.MAX_TOKENS, help="padded source tokens per batch")
+    parser.add_argument("--max-len-a", type=float, default=decode.MAX_LEN_A, help="max output length = a*src_len+b")
+    parser.add_argument("--max-len-b", type=int, default=decode.MAX_LEN_B, help="max output length = a*src_len+b")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--bf16", action="store_true", help="run the model under bf16 autocast")
 
@@ -112,7 +92,7 @@ def translate_with_args(
     )
 
 
-USER_ERRORS = (CheckpointError, DataError, OSError)  # bad input: one line on stderr, exit 1, no traceback
+USER_ERRORS = (CheckpointError, DataError, DeviceError, OSError)  # bad input: one line on stderr, exit 1, no traceback
 
 
 def run_reporting_errors(action: Callable[[], object]) -> int:
@@ -148,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
 
     def translate() -> None:
-        device = pick_device(args.device)
+        device = resolve_device(args.device, setting="--device")
         model, tokenizer, _ = load_model(args.checkpoint, device)
         sentences = read_text_lines(args.input)
         progress = args.input is not None and not args.quiet

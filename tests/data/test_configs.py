@@ -19,5 +19,5 @@ def test_data_config_composes(path):
 
 
 def test_all_groups_present():
-    expected = {"toy", "multi30k", "multi30k_hub", "iwslt17", "iwslt14_local"}
+    expected = {"toy", "multi30k", "iwslt17", "iwslt14_local"}
     assert {p.stem for p in CONF.glob("*.yaml")} >= expected

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tfx.checkpoint import atomic_open
 from tfx.config import DataConfig
 from tfx.data.errors import DataError
 from tfx.data.sources import check_split, load_split
-from tfx.data.vocab import EOS, Tokenizer, atomic_write, ensure_cache_dir, text_digest, train_tokenizer
+from tfx.data.vocab import EOS, Tokenizer, ensure_cache_dir, text_digest, train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,8 @@ def encode_cached(tokenizer: Tokenizer, texts: list[str], cfg: DataConfig) -> li
         tokens, offsets = flatten_with_eos(tokenizer.encode_batch(texts, cfg.num_workers))
         buffer = io.BytesIO()
         np.savez(buffer, tokens=tokens, offsets=offsets)
-        atomic_write(path, buffer.getvalue())
+        with atomic_open(path) as f:
+            f.write(buffer.getvalue())
     return np.split(tokens, offsets[1:-1]) if len(texts) else []
 
 

@@ -34,11 +34,15 @@ def check_split(split: str) -> None:
 
 
 def load_split(cfg: DataConfig, split: str, seed: int = 1) -> Texts:
-    """Source and target sentences of ``split`` from ``cfg.source``."""
+    """Source and target sentences of ``split`` from ``cfg.source``.
+
+    ``data.local_dir`` set on a hub dataset reads its text files instead: the offline override of
+    the hub experiments (``+experiment=multi30k data.local_dir=DIR``).
+    """
     check_split(split)
     if cfg.source == "toy":
         return toy_split(cfg, split, seed)
-    if cfg.source == "local":
+    if cfg.source == "local" or (cfg.source == "hub" and cfg.local_dir):
         return local_split(cfg, split)
     if cfg.source == "hub":
         return hub_split(cfg, split)
@@ -121,7 +125,12 @@ def read_lines(path: str | Path) -> list[str]:
             f"{path}: invalid UTF-8 at line {line} (byte {err.start}): "
             "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
         ) from err
-    # split("\n"), not splitlines(): the latter also breaks at U+2028, \x1c, ... and would misalign.
+    return split_lines(text)
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines without endings. ``split("\\n")``, not ``splitlines()``: the latter also breaks at
+    U+2028, \\x1c, ... and would misalign source and target."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -246,7 +255,7 @@ def load_hub_dataset(cfg: DataConfig, split: str):  # -> datasets.Dataset
         if not online:
             raise DataError(
                 f"cannot reach the Hugging Face hub for {where} and it is not in the datasets cache: use "
-                "local files instead: data.source=local data.local_dir=DIR (train/valid/test.<lang>) or "
+                "local files instead: data.local_dir=DIR (text files train/valid/test.<lang>) or "
                 "data.hub_data_files={train: train.parquet, valid: ..., test: ...}"
             ) from err
         message = f"loading {where} failed: {type(err).__name__}: {err}"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from tfx.checkpoint import atomic_open
 from tfx.data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -122,13 +123,6 @@ def text_digest(*parts: Iterable[str], settings: dict | None = None) -> str:
     return h.hexdigest()[:16]
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file and rename, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def ensure_cache_dir(cache_dir: str | Path) -> Path:
     """Create the cache folder with a ``.gitignore`` of ``*`` (as pytest does), so it is never committed."""
     path = Path(cache_dir)
@@ -186,7 +180,8 @@ def train_tokenizer(
             f"sentencepiece training on {name} failed ({str(err).strip()}): "
             "check data.vocab_size and the training texts"
         ) from err
-    atomic_write(path, writer.getvalue())
+    with atomic_open(path) as f:
+        f.write(writer.getvalue())
     tokenizer = Tokenizer(writer.getvalue())
     log.info("trained sentencepiece %s model, %d pieces: %s", model_type, tokenizer.vocab_size, path)
     return tokenizer

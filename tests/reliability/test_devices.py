@@ -1,0 +1,48 @@
+"""A device that is not there, and a folder where a checkpoint file belongs: one line each, early."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import tfx.translate
+from tests.reliability.helpers import cli, tiny_cfg
+from tfx.distributed import DeviceError, available_devices
+from tfx.train import train
+
+MISSING = ["cuda:99", "tpu", "garbage"] + ([] if torch.cuda.is_available() else ["cuda"])
+
+
+@pytest.mark.parametrize("device", MISSING)
+def test_a_missing_device_fails_before_data_preparation(tmp_path: Path, device: str) -> None:
+    available = ", ".join(available_devices())
+    with pytest.raises(DeviceError, match=rf"^train.device={device}: .*available: {available}"):
+        train(tiny_cfg(tmp_path, device=device), tmp_path / "run")
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_cli_missing_device_is_one_line(tmp_path: Path) -> None:
+    proc = cli(f"hydra.run.dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}", "train.device=cuda:99")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in output, output[-2000:]
+    assert "train.device=cuda:99: no such device on this machine; available: cpu" in output
+
+
+def test_translate_with_a_missing_device_is_one_line(tmp_path: Path, capsys) -> None:
+    assert tfx.translate.main([str(tmp_path / "x.pt"), "--device", "cuda:99"]) == 1
+    assert "--device=cuda:99: no such device" in capsys.readouterr().err
+
+
+def test_translate_given_a_folder_lists_its_checkpoints(tmp_path: Path, capsys) -> None:
+    train(tiny_cfg(tmp_path, max_updates=2, save_every_updates=2), tmp_path / "run")
+    assert tfx.translate.main([str(tmp_path / "run"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"checkpoint {tmp_path / 'run'} is a folder" in err
+    assert "checkpoints/checkpoint_last.pt" in err and "checkpoints/checkpoint_1_2.pt" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert tfx.translate.main([str(empty), "--device", "cpu"]) == 1
+    assert "is a folder; it holds no .pt checkpoint files" in capsys.readouterr().err

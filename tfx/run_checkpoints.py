@@ -1,0 +1,306 @@
+"""A run's ``checkpoints/`` folder: lock, writability, stale temp files, saving, pruning and resume.
+
+Only rank 0 writes. One trainer at a time holds ``checkpoints/.lock`` (``fcntl.flock``, released
+by the kernel even after ``kill -9``), so nothing else can write into the folder while it cleans
+up the temp files a killed save left behind. Resuming compares everything that defines the
+training trajectory (``trajectory``) and refuses a run whose settings changed, unless
+``train.resume_mode=force``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tfx.checkpoint import RESUME_KEYS, CheckpointError, atomic_copy, atomic_save, load_checkpoint, weights_only_payload
+
+log = logging.getLogger("tfx.train")
+
+LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
+# Data settings that change where or how fast data is read, not what is read.
+DATA_NOT_TRAJECTORY = ("cache_dir", "num_workers", "hub_cache_dir", "hub_timeout")
+
+
+class RunFolderError(CheckpointError):
+    """The run folder cannot be used: not writable, locked by another trainer, or the disk is full."""
+
+
+# --------------------------------------------------------------------------- RNG, one entry per rank
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's generators: CPU, Python, and its own CUDA device (not every device)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Restore ``rng_state``; the tensors must be CPU ByteTensors (checkpoints load on the CPU)."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# ------------------------------------------------------------------------- resume compatibility
+
+
+def _plain(value: Any) -> Any:
+    """Lists and tuples compare equal whichever Hydra or torch.load produced."""
+    if isinstance(value, list | tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in sorted(value.items())}
+    return value
+
+
+def trajectory(config: dict[str, Any], spm_model: bytes, vocab_size: int, world_size: int, optimizer: str) -> dict:
+    """The settings that define where training goes, flattened to ``{name: value}``.
+
+    ``config`` is ``dataclasses.asdict(Config)``; activation checkpointing (memory only) and
+    where data is cached are left out, everything else about model, data and optimizer counts.
+    """
+    items: dict[str, Any] = {}
+    for key, value in config["model"].items():
+        if key != "checkpoint_activations":
+            items[f"model.{key}"] = value
+    for key, value in config["data"].items():
+        if key not in DATA_NOT_TRAJECTORY:
+            items[f"data.{key}"] = value
+    for key, value in config["optim"].items():
+        items[f"optim.{key}"] = value
+    items["optimizer"] = optimizer
+    items["train.seed"] = config["train"]["seed"]
+    items["train.update_freq"] = config["train"]["update_freq"]
+    items["world size"] = world_size
+    items["vocab size"] = vocab_size
+    items["sentencepiece model"] = "sha256:" + hashlib.sha256(spm_model).hexdigest()[:12]
+    return {k: _plain(v) for k, v in items.items()}
+
+
+def checkpoint_trajectory(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """``trajectory`` as recorded in a checkpoint (older ones lack world size and optimizer: 1, AdamW)."""
+    world, optimizer = ckpt.get("world_size", 1), ckpt.get("optimizer_name", "AdamW")
+    return trajectory(ckpt["config"], ckpt["spm_model"], ckpt["vocab_size"], world, optimizer)
+
+
+def differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """``name (saved -> ours)`` for every setting that changed. Settings a checkpoint does not record
+    (written before the field existed) cannot be compared and are skipped."""
+    return [f"{k} ({saved[k]!r} -> {ours.get(k)!r})" for k in saved if saved[k] != ours.get(k)]
+
+
+# ----------------------------------------------------------------------------- the run folder
+
+
+def check_writable(folder: Path, what: str) -> None:
+    """Create ``folder`` and write a probe file there, so a read-only location fails before any work."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise RunFolderError(
+            f"{what} {folder} is not writable ({err.strerror or err}): choose another run folder (hydra.run.dir=...)"
+        ) from err
+
+
+class WritableRunDir:
+    """Hydra callback: refuse an unwritable run (or sweep) folder before Hydra writes its logs there.
+
+    Hydra creates the folder and opens ``train.log`` before tfx code runs, so without this a
+    read-only location ends in a Hydra traceback. Nothing is created here: the check probes the
+    folder, or its nearest existing parent.
+    """
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        self._check(Path(str(config.hydra.run.dir)), "hydra.run.dir")
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        self._check(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(folder: Path, setting: str) -> None:
+        probe = folder
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        try:
+            check_writable(probe, "folder")
+        except RunFolderError as err:
+            reason = err.__cause__.strerror if isinstance(err.__cause__, OSError) else err
+            log.error("%s=%s: %s is not writable (%s): choose another folder", setting, folder, probe, reason)
+            raise SystemExit(1) from None
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """ENOSPC anywhere in the chain: torch.save reports it as an 'unexpected pos' RuntimeError."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class CheckpointManager:
+    """Rank 0's checkpoint folder; every method is a no-op (or a read) on other ranks."""
+
+    def __init__(self, run_dir: Path, keep_last: int, rank: int = 0) -> None:
+        self.run_dir = run_dir
+        self.dir = run_dir / "checkpoints"
+        self.keep_last = keep_last
+        self.rank = rank
+        self.is_main = rank == 0
+        self.last_saved_step: int | None = None  # update held by checkpoint_last.pt, once known
+        self._lock_fd: int | None = None
+
+    # ---------------------------------------------------------------------- start and end
+    def open(self) -> None:
+        """Check the folders are writable, take the lock, remove temp files of killed saves."""
+        if not self.is_main:
+            return
+        check_writable(self.run_dir, "run folder")
+        check_writable(self.dir, "checkpoint folder")
+        self._lock()
+        self._remove_stale_temp_files()
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
+    def _lock(self) -> None:
+        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunFolderError(
+                f"run folder {self.run_dir} is in use by another trainer (pid {holder}): "
+                "wait for it to finish, or use another hydra.run.dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _remove_stale_temp_files(self) -> None:
+        """``atomic_open`` names its temp files ``.<name>.<random>.tmp``; under the lock none is live."""
+        for tmp in self.dir.glob(".*.tmp"):
+            size = tmp.stat().st_size
+            tmp.unlink(missing_ok=True)
+            log.info("removed %s (%.1f MB), left by an interrupted save", tmp, size / 2**20)
+
+    # ----------------------------------------------------------------------------- resume
+    def resume_path(self, explicit: str | None) -> Path | None:
+        """``train.resume`` if given (it must exist), else the run's checkpoint_last.pt if present."""
+        path = Path(explicit) if explicit else self.dir / LAST
+        if path.exists():
+            return path
+        if explicit:
+            raise CheckpointError(f"train.resume={path} does not exist")
+        return None
+
+    def resume(
+        self,
+        explicit: str | None,
+        ours: dict[str, Any],
+        force: bool,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+    ) -> tuple[Path, dict[str, Any]] | None:
+        """Load weights, optimizer moments and this rank's RNG streams from the checkpoint to resume
+        from, if any; returns its path and the checkpoint (``train_state``, ``scaler``)."""
+        path = self.resume_path(explicit)
+        if path is None:
+            return None
+        ckpt = self.load_for_resume(path, ours, force)
+        try:
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            first = str(err).strip().splitlines()[0]
+            raise CheckpointError(f"cannot resume from {path}: its weights do not fit this model ({first})") from err
+        rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]  # one entry per rank
+        if self.rank < len(rngs):
+            set_rng_state(rngs[self.rank], device)
+        return path, ckpt
+
+    def load_for_resume(self, path: Path, ours: dict[str, Any], force: bool) -> dict[str, Any]:
+        """The checkpoint on the CPU (RNG states must stay CPU tensors), checked against ``ours``."""
+        ckpt = load_checkpoint(path, map_location="cpu")
+        if any(k not in ckpt for k in RESUME_KEYS):
+            raise CheckpointError(
+                f"cannot resume from {path}: it holds weights only (best, numbered and averaged checkpoints do); "
+                "resume from the run's checkpoint_last.pt"
+            )
+        changed = differences(checkpoint_trajectory(ckpt), ours)
+        if changed and not force:
+            raise CheckpointError(
+                f"cannot resume from {path}: settings differ from the checkpoint: {'; '.join(changed)}. "
+                "Use a new run folder (hydra.run.dir=...), the same settings, or train.resume_mode=force"
+            )
+        if changed:
+            log.warning("train.resume_mode=force: resuming %s with changed settings: %s", path, "; ".join(changed))
+        self.last_saved_step = ckpt["step"] if path == self.dir / LAST else None
+        return ckpt
+
+    # ------------------------------------------------------------------------------ saving
+    def save(self, payload: dict[str, Any], write_last: bool, best: bool, numbered_epoch: int | None) -> None:
+        """checkpoint_last.pt (full payload) and weights-only best/numbered copies, each atomic.
+
+        A failure from a full disk becomes one line naming the file and the last good checkpoint;
+        ``atomic_open`` has already removed the partial temp file and left the previous file intact.
+        """
+        if not self.is_main:
+            return
+        step = payload["step"]
+        targets = [self.dir / BEST] if best else []
+        if numbered_epoch is not None:
+            targets.append(self.dir / f"checkpoint_{numbered_epoch}_{step}.pt")
+        writing = self.dir / LAST
+        try:
+            if write_last:
+                atomic_save(payload, writing)
+                self.last_saved_step = step
+            if targets:
+                writing = targets[0]
+                atomic_save(weights_only_payload(payload), writing)
+                for other in targets[1:]:
+                    writing = other
+                    atomic_copy(targets[0], other)
+        except (OSError, RuntimeError) as err:
+            if not is_disk_full(err):
+                raise
+            raise RunFolderError(f"no space left on device writing {writing}; {self.last_good()}") from err
+        if numbered_epoch is not None:
+            self._prune_numbered()
+
+    def last_good(self) -> str:
+        if self.last_saved_step is None:
+            return "no checkpoint was written yet"
+        return f"the last good checkpoint is {self.dir / LAST} (update {self.last_saved_step})"
+
+    def _prune_numbered(self) -> None:
+        numbered = sorted(self.dir.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+        for old in numbered[: -self.keep_last]:
+            old.unlink(missing_ok=True)
+
+
+def our_trajectory(cfg: Any, tokenizer: Any, world_size: int, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``trajectory`` of a run about to start."""
+    config = dataclasses.asdict(cfg)
+    return trajectory(config, tokenizer.model_bytes, tokenizer.vocab_size, world_size, type(optimizer).__name__)
