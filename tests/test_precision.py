@@ -16,7 +16,7 @@ from tfx.config import OptimConfig
 from tfx.criterion import label_smoothed_loss
 from tfx.optim import build_optimizer
 from tfx.precision import MIN_LOSS_SCALE, Precision, autocast_dtype, use_bf16
-from tfx.train import TrainingDiverged, train
+from tfx.train import train
 
 CPU = torch.device("cpu")
 INIT_SCALE = 2.0**16  # GradScaler's default
@@ -179,15 +179,3 @@ def test_fp16_resume_restores_the_loss_scale(tmp_path: Path, monkeypatch: pytest
         on_update=lambda trainer, metrics: scales.append(metrics["train/loss_scale"]),
     )
     assert resumed["step"] == 8 and scales == [INIT_SCALE / 2**OVERFLOWS] * 4  # not back at 65536
-
-
-def test_fp16_non_finite_loss_still_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = train_mod.label_smoothed_loss
-
-    def poisoned(*args, **kwargs):
-        loss, nll = real(*args, **kwargs)
-        return loss * float("nan"), nll
-
-    monkeypatch.setattr(train_mod, "label_smoothed_loss", poisoned)
-    with pytest.raises(TrainingDiverged, match="3 consecutive non-finite steps at update 0"):
-        train(tiny_cfg(tmp_path, precision="fp16", max_bad_steps=3), tmp_path / "run")

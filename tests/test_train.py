@@ -104,7 +104,10 @@ def test_tensorboard_tags(tmp_path: Path) -> None:
     assert all(v.value > 0 for v in acc.Scalars("layers/dec/grad_norm/001"))
 
 
-def test_non_finite_steps_are_skipped_then_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])  # under fp16 a NaN loss is divergence, not an overflow
+def test_non_finite_steps_are_skipped_then_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
     real = train_mod.label_smoothed_loss
 
     def poisoned(*args, **kwargs):
@@ -113,7 +116,7 @@ def test_non_finite_steps_are_skipped_then_stop(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setattr(train_mod, "label_smoothed_loss", poisoned)
     with pytest.raises(TrainingDiverged, match="3 consecutive non-finite steps at update 0"):
-        train(tiny_cfg(tmp_path, max_bad_steps=3), tmp_path / "run")
+        train(tiny_cfg(tmp_path, precision=precision, max_bad_steps=3), tmp_path / "run")
 
 
 def _free_port() -> int:
