@@ -88,6 +88,24 @@ def test_reported_scores_are_model_scores() -> None:
         assert h.score == pytest.approx(length_normalized(lp, len(h.tokens), lenpen), rel=1e-9)
 
 
+def test_length_normalized_literal_values() -> None:
+    """fairseq's score: logprob / (tokens + 1 for EOS) ** lenpen, pinned to numbers worked by hand."""
+    assert length_normalized(-6.0, 2, 1.0) == -2.0
+    assert length_normalized(-6.0, 2, 0.0) == -6.0
+    assert length_normalized(-8.0, 3, 0.5) == -4.0
+    assert length_normalized(-18.0, 2, 2.0) == -2.0
+
+
+@pytest.mark.parametrize(("lenpen", "power"), [(1.0, 1), (2.0, 2), (0.0, 0)])
+def test_beam_scores_divide_by_length_with_eos(lenpen: float, power: int) -> None:
+    """The beam step's own normalization, checked against the formula (not ``length_normalized``)."""
+    model, src = seeded(2).double(), sources()
+    for hyps in beam_search_nbest(model, src, beam=4, lenpen=lenpen):
+        for h in hyps:
+            assert h.score == pytest.approx(h.logprob / (len(h.tokens) + 1) ** power, rel=1e-12)
+            assert h.logprob < 0
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_large_beam_scores_at_least_greedy(seed: int) -> None:
     model, src = seeded(seed).double(), sources(seed=seed)

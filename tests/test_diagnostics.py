@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from tests.conftest import PAD, random_batch, tiny_model
-from tfx.diagnostics import ActivationRMS, format_report, init_report, layer_grad_norms, layer_stats, main
+from tfx.diagnostics import (
+    ActivationRMS,
+    _masked_rms,
+    format_report,
+    init_report,
+    layer_grad_norms,
+    layer_stats,
+    main,
+)
 from tfx.init import apply_init
 
 ENC, DEC = 2, 3
@@ -119,3 +127,54 @@ def test_cli_refuses_tfixup_with_layer_norm(capsys: pytest.CaptureFixture[str]) 
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("error:") and captured.err.count("\n") == 1
+
+
+def test_layer_grad_norms_are_l2_norms_over_each_layer() -> None:
+    """Gradient j of a layer filled with j + 1: the layer's norm is sqrt(sum_j (j+1)^2 numel_j), the
+    L2 norm of all its gradients together (not a sum of per-tensor norms, not squared)."""
+    model = _model()
+    expected = {}
+    for stack, layers in (("enc", model.encoder.layers), ("dec", model.decoder.layers)):
+        for i, layer in enumerate(layers):
+            total = 0.0
+            for j, p in enumerate(layer.parameters()):
+                p.grad = torch.full_like(p, float(j + 1) * (i + 1))
+                total += ((j + 1) * (i + 1)) ** 2 * p.numel()
+            expected[f"{stack}/grad_norm/{i:03d}"] = math.sqrt(total)
+    assert layer_grad_norms(model) == pytest.approx(expected, rel=1e-6)
+
+
+def test_layer_grad_norms_count_missing_gradients_as_zero() -> None:
+    model = _model()
+    first = list(model.encoder.layers[0].parameters())
+    first[0].grad = torch.full_like(first[0], 2.0)
+    norms = layer_grad_norms(model)
+    assert norms["enc/grad_norm/000"] == pytest.approx(2.0 * math.sqrt(first[0].numel()))
+    assert norms["dec/grad_norm/000"] == 0.0
+
+
+def test_masked_rms_literal_values() -> None:
+    x = torch.tensor([[[3.0, 4.0], [1.0, 1.0], [100.0, 100.0]]])  # (1, 3, 2); position 2 is padding
+    mask = torch.tensor([[False, False, True]])
+    assert _masked_rms(x, mask).item() == pytest.approx(math.sqrt((12.5 + 1.0) / 2))
+    assert _masked_rms(x, None).item() == pytest.approx(math.sqrt((12.5 + 1.0 + 10000.0) / 3))
+
+
+def test_activation_rms_is_the_rms_of_each_layer_output() -> None:
+    """Each layer's recorded value equals sqrt(mean of squares) of its output over non-pad positions,
+    computed here from the outputs themselves."""
+    model = _model().eval()
+    src, prev = random_batch()
+    outputs = {}
+    hooks = [
+        layer.register_forward_hook(lambda _m, _a, out, key=f"{stack}/act_rms/{i:03d}": outputs.update({key: out}))
+        for stack, layers in (("enc", model.encoder.layers), ("dec", model.decoder.layers))
+        for i, layer in enumerate(layers)
+    ]
+    with ActivationRMS(model) as acts:
+        model(src, prev)
+    for h in hooks:
+        h.remove()
+    keep = {"enc": src.ne(PAD), "dec": prev.ne(PAD)}
+    expected = {k: out[keep[k[:3]]].double().pow(2).mean().sqrt().item() for k, out in outputs.items()}
+    assert src.eq(PAD).any() and acts.stats() == pytest.approx(expected, rel=1e-5)

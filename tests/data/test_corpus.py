@@ -80,3 +80,22 @@ def test_empty_split_is_an_error(tmp_path):
     cfg = DataConfig(source="local", local_dir=str(folder), vocab_size=200, cache_dir=str(tmp_path / "cache"))
     with pytest.raises(DataError, match=r"split valid of toy \(local\) has no sentences"):
         prepare_data(cfg)
+
+
+@pytest.mark.parametrize("change", [{"vocab_size": 100}, {"spm_model_type": "unigram"}])
+def test_changed_sentencepiece_settings_retrain_and_reencode(tmp_path, monkeypatch, change):
+    """A new vocab_size or model_type trains a new model, and every split is encoded by it: the
+    encoded-corpus cache is keyed by the tokenizer, so ids of the old model are never reused."""
+    old = prepare_data(toy_config(tmp_path), splits=("train", "valid"))
+    trained = []
+    real_train = spm.SentencePieceTrainer.train
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", lambda **kw: trained.append(kw) or real_train(**kw))
+    new = prepare_data(toy_config(tmp_path, **change), splits=("train", "valid"))
+    assert len(trained) == 1
+    assert len(list((tmp_path / "cache").glob("*.model"))) == 2
+    assert new.tokenizer.model_bytes != old.tokenizer.model_bytes
+    for split in ("train", "valid"):
+        data = new.splits[split]
+        expected = [ids + [EOS] for ids in new.tokenizer.encode_batch(data.src_text)]
+        assert [s.tolist() for s in data.src] == expected
+        assert [s.tolist() for s in data.src] != [s.tolist() for s in old.splits[split].src]

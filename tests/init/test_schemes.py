@@ -117,3 +117,29 @@ def test_component_wise_recipe() -> None:
     q = layer.self_attn.q_proj.weight
     ratio = q.std().item() / (xavier_std(q) / math.sqrt(2))
     assert 0.85 < ratio < 1.05
+
+
+@pytest.mark.parametrize(("n_enc", "n_dec", "shared"), [(3, 4, False), (2, 2, True)])
+def test_tfixup_scales_every_layer_of_every_stack(n_enc: int, n_dec: int, shared: bool) -> None:
+    """T-Fixup = the Xavier base (same seed) times the paper's factor, checked on every parameter of
+    every layer: a layer skipped (layer 0, the last one) or a weight missed shows up exactly."""
+    kw = {"share_all_embeddings": True} if shared else {}
+    base, model = tiny_model(enc=n_enc, dec=n_dec, **kw), tiny_model(enc=n_enc, dec=n_dec, **kw)
+    apply_init(base, "xavier", seed=5)
+    apply_init(model, "tfixup", seed=5)
+    enc_f, dec_f, emb_f = tfixup_encoder_scale(n_enc), tfixup_decoder_scale(n_dec), tfixup_embedding_scale(n_enc)
+    scaled = {f"encoder.layers.{i}.{w}.weight": enc_f for i in range(n_enc) for w in ENC_SCALED}
+    scaled |= {f"decoder.layers.{i}.{w}.weight": dec_f for i in range(n_dec) for w in DEC_SCALED}
+    scaled["encoder.embedding.embed.weight"] = emb_f
+    scaled["decoder.embedding.embed.weight"] = emb_f if shared else tfixup_embedding_scale(n_dec)
+    expected = base.state_dict()
+    checked = 0
+    for name, value in model.state_dict().items():
+        factor = scaled.get(name, 1.0)
+        torch.testing.assert_close(value, expected[name] * factor, rtol=0, atol=0, msg=name)
+        checked += factor != 1.0
+    assert checked == len(scaled)
+
+
+ENC_SCALED = ("self_attn.v_proj", "self_attn.out_proj", "ffn.fc1", "ffn.fc2")
+DEC_SCALED = (*ENC_SCALED, "encoder_attn.v_proj", "encoder_attn.out_proj")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -7,6 +9,7 @@ from torch import nn
 from tests.conftest import PAD, VOCAB, random_batch, tiny_model
 from tfx.init import apply_init
 from tfx.model import has_layer_norm
+from tfx.model.transformer import sinusoidal_table
 
 
 @pytest.mark.parametrize("norm", ["none", "post", "pre"])
@@ -99,3 +102,37 @@ def test_200_plus_200_layers_forward_backward() -> None:
     assert torch.isfinite(loss)
     grads = [layer.ffn.fc2.weight.grad for layer in (*model.encoder.layers, *model.decoder.layers)]
     assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+def formula_positions(n: int, d: int) -> torch.Tensor:
+    """fairseq's table written out: channel i < d/2 is sin(p * 10000^(-i/(d/2-1))), channel d/2+i its cos."""
+    half = d // 2
+    table = torch.zeros(n, d, dtype=torch.float64)
+    for p in range(n):
+        for i in range(half):
+            angle = p * 10000.0 ** (-i / (half - 1))
+            table[p, i], table[p, half + i] = math.sin(angle), math.cos(angle)
+    return table
+
+
+@pytest.mark.parametrize("d", [8, 32, 33])
+def test_sinusoidal_table_matches_the_formula(d: int) -> None:
+    table = sinusoidal_table(64, d)
+    assert table.shape == (64, d)
+    torch.testing.assert_close(table.double(), formula_positions(64, d), rtol=0, atol=2e-5)
+    half = d // 2
+    assert table[0, :half].abs().max() == 0 and torch.equal(table[0, half : 2 * half], torch.ones(half))
+    assert table[1, 0].item() == pytest.approx(math.sin(1.0)) and table[1, half].item() == pytest.approx(math.cos(1.0))
+    assert table[1, half - 1].item() == pytest.approx(math.sin(1e-4), rel=1e-4)  # slowest frequency: 1/10000
+
+
+def test_token_embedding_scales_by_sqrt_d_and_adds_positions() -> None:
+    d = 32
+    model = tiny_model(d=d).eval()
+    tokens = torch.tensor([[5, 9, PAD], [7, 7, 11]])
+    for embedding in (model.encoder.embedding, model.decoder.embedding):
+        for offset in (0, 4):
+            expected = (
+                math.sqrt(d) * embedding.embed.weight[tokens].double() + formula_positions(offset + 3, d)[offset:]
+            )
+            torch.testing.assert_close(embedding(tokens, offset=offset).double(), expected, rtol=0, atol=1e-4)

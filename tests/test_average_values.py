@@ -1,0 +1,68 @@
+"""Checkpoint averaging against hand-computed means: three inputs with different values, and the
+property that the mean of k copies of one checkpoint is that checkpoint."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.checkpoint_helpers import write_checkpoint
+from tfx.average import average_checkpoints
+from tfx.checkpoint import atomic_save, load_checkpoint
+
+
+def write_constant(path: Path, template: Path, value: float, step: int) -> Path:
+    """``template`` with every float tensor set to ``value``."""
+    ckpt = load_checkpoint(template)
+    ckpt["model"] = {k: v.clone().fill_(value) if v.is_floating_point() else v for k, v in ckpt["model"].items()}
+    ckpt["step"] = step
+    atomic_save(ckpt, path)
+    return path
+
+
+def test_three_checkpoints_average_to_their_mean(tmp_path: Path) -> None:
+    """1, 2 and 6 average to 3: not 4.5 (dividing by 2), not 3.5 (first and last only), not 2 or 6."""
+    template = write_checkpoint(tmp_path / "t.pt")
+    paths = [write_constant(tmp_path / f"{v}.pt", template, v, step) for v, step in ((1.0, 10), (2.0, 30), (6.0, 20))]
+    avg = average_checkpoints(paths)
+    floats = [v for v in avg["model"].values() if v.is_floating_point()]
+    assert floats and all(torch.equal(v, torch.full_like(v, 3.0)) for v in floats)
+    assert avg["step"] == 30
+
+
+def test_three_random_checkpoints_average_elementwise(tmp_path: Path) -> None:
+    paths = [write_checkpoint(tmp_path / f"{i}.pt", seed=i) for i in range(3)]
+    models = [load_checkpoint(p)["model"] for p in paths]
+    avg = average_checkpoints(paths)["model"]
+    for key, value in avg.items():
+        expected = sum(m[key].double() for m in models) / 3
+        torch.testing.assert_close(value, expected.to(value.dtype), rtol=0, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("avg") / "t.pt")
+
+
+@settings(max_examples=25, deadline=None)
+@given(k=st.integers(min_value=1, max_value=5), scale=st.floats(min_value=1e-3, max_value=1e3), seed=st.integers(0, 99))
+def test_mean_of_identical_checkpoints_is_the_checkpoint(template: Path, k: int, scale: float, seed: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = load_checkpoint(template)
+        gen = torch.Generator().manual_seed(seed)
+        ckpt["model"] = {
+            key: torch.randn(v.shape, generator=gen).mul(scale).to(v.dtype) if v.is_floating_point() else v
+            for key, v in ckpt["model"].items()
+        }
+        path = Path(tmp) / "a.pt"
+        atomic_save(ckpt, path)
+        original = ckpt["model"]
+        avg = average_checkpoints([path] * k)["model"]
+        assert avg.keys() == original.keys()
+        for key, value in original.items():
+            assert avg[key].dtype == value.dtype and torch.equal(avg[key], value), key
