@@ -1,0 +1,214 @@
+"""The trainer's wiring, checked through ``train()``, the run folder and checkpoint contents:
+the first update against a loss and gradient computed here, the schedule's indexing, the best
+checkpoint, validation loss units, budgets, pruning and resume across an epoch boundary."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import tfx.validate as validate_mod
+from tfx.checkpoint import build_from_checkpoint, load_checkpoint
+from tfx.config import Config, DataConfig, InitConfig, ModelConfig, OptimConfig, TrainConfig
+from tfx.criterion import label_smoothed_loss
+from tfx.data import PAD, collate, make_batches, prepare_data
+from tfx.init import apply_init
+from tfx.model import build_model
+from tfx.train import train
+
+EPS = 0.3  # an unusual label-smoothing value: a trainer that ignores the config uses 0.1 or 0
+
+
+def wiring_cfg(tmp_path: Path, optim: dict[str, Any] | None = None, **train_kw: Any) -> Config:
+    """A tiny dropout-free run on a 120-pair toy corpus (a few updates per epoch)."""
+    data = DataConfig(
+        source="toy", name="toy", toy_train_size=120, toy_valid_size=12, toy_test_size=4,
+        vocab_size=64, cache_dir=str(tmp_path / "cache"), max_tokens=300,
+    )  # fmt: skip
+    model = ModelConfig(
+        encoder_layers=2, decoder_layers=2, d_model=32, ffn_dim=64, heads=4,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_positions=64,
+    )  # fmt: skip
+    train_cfg = TrainConfig(
+        device="cpu", max_updates=4, progress=False, log_every_updates=1, layer_stats_every_updates=0,
+        save_every_epochs=0, validate_every_updates=0, valid_max_sentences=4, threads=1,
+    )  # fmt: skip
+    optim_cfg = OptimConfig(lr=2e-3, label_smoothing=EPS, **(optim or {}))
+    return Config(experiment="wiring", data=data, model=model, init=InitConfig("tfixup"), optim=optim_cfg,
+                  train=dataclasses.replace(train_cfg, **train_kw))  # fmt: skip
+
+
+def reference_first_update(cfg: Config, world_size: int = 1) -> dict[str, float]:
+    """Loss, nll (bits/token) and gradient norm of update 0, computed here from the same model, init
+    and batches: the label-smoothed loss summed over every micro-batch of every rank, divided once
+    by the update's token count."""
+    corpus = prepare_data(cfg.data, seed=cfg.train.seed, splits=("train",))
+    train_split = corpus.splits["train"]
+    model = build_model(cfg.model, corpus.tokenizer.vocab_size, PAD)
+    apply_init(model, cfg.init.name, seed=cfg.train.seed)
+    batches = []
+    for rank in range(world_size):
+        plan = make_batches(
+            train_split, cfg.data.max_tokens, cfg.data.max_sentences, shuffle=True,
+            seed=cfg.train.seed, epoch=1, rank=rank, world_size=world_size,
+        )  # fmt: skip
+        batches += [collate(train_split, ix) for ix in plan[: cfg.train.update_freq]]
+    ntokens = sum(b.ntokens for b in batches)
+    loss = nll = torch.zeros((), dtype=torch.float64)
+    for b in batches:
+        part, part_nll = label_smoothed_loss(model(b.src_tokens, b.prev_output_tokens), b.target, EPS, PAD)
+        loss, nll = loss + part, nll + part_nll
+    grads = torch.autograd.grad(loss / ntokens, [p for p in model.parameters() if p.requires_grad])
+    grad_norm = torch.stack([g.norm() for g in grads]).norm().item()
+    ln2 = math.log(2)
+    return {"loss": loss.item() / ntokens / ln2, "nll": nll.item() / ntokens / ln2, "grad_norm": grad_norm}
+
+
+def record_updates(into: list[dict[str, float]]):
+    return lambda trainer, metrics: into.append(dict(metrics))
+
+
+def test_first_update_uses_label_smoothing_and_divides_by_the_update_token_count(tmp_path: Path) -> None:
+    """Two accumulated micro-batches: gradient and loss equal one big batch's, normalized by its tokens."""
+    cfg = wiring_cfg(tmp_path, max_updates=1, update_freq=2)
+    seen: list[dict[str, float]] = []
+    train(cfg, tmp_path / "run", on_update=record_updates(seen))
+    ref = reference_first_update(cfg)
+    assert seen[0]["train/grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4)
+    assert seen[0]["train/loss"] == pytest.approx(ref["loss"], rel=1e-5)
+    assert seen[0]["train/nll_loss"] == pytest.approx(ref["nll"], rel=1e-5)
+    assert ref["loss"] - ref["nll"] > 1e-3 * ref["loss"]  # smoothing is visible, far beyond the tolerance
+
+
+def test_schedule_starts_at_update_zero(tmp_path: Path) -> None:
+    """Warmup from 1e-4 to 2e-3 over 4 updates, then inverse sqrt: the first update gets the
+    initial rate, the fifth the peak."""
+    cfg = wiring_cfg(tmp_path, optim={"warmup_updates": 4, "warmup_init_lr": 1e-4}, max_updates=6)
+    seen: list[dict[str, float]] = []
+    train(cfg, tmp_path / "run", on_update=record_updates(seen))
+    expected = [1e-4, 5.75e-4, 1.05e-3, 1.525e-3, 2e-3, 2e-3 * math.sqrt(4 / 5)]
+    assert [m["train/lr"] for m in seen] == pytest.approx(expected, rel=1e-12)
+
+
+def tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_best_checkpoint_pruning_and_validation_loss_units(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scripted BLEU 5, 20, 10, 15 at updates 2, 4, 6, 8: checkpoint_best.pt holds update 4's weights;
+    keep_last=2 leaves the numbered checkpoints of updates 6 and 8; valid/loss is the label-smoothed
+    loss in bits per target token of the final weights."""
+    scores = iter([5.0, 20.0, 10.0, 15.0])
+    real_bleu = validate_mod.corpus_bleu
+    monkeypatch.setattr(
+        validate_mod, "corpus_bleu", lambda h, r: dataclasses.replace(real_bleu(h, r), score=next(scores))
+    )
+    cfg = wiring_cfg(tmp_path, max_updates=8, validate_every_updates=2, save_every_updates=2, keep_last=2)
+    weights: dict[int, dict[str, torch.Tensor]] = {}
+    record = lambda trainer, _m: weights.update({trainer.state.step: {  # noqa: E731
+        k: v.detach().clone() for k, v in trainer.model.state_dict().items()}})  # fmt: skip
+    summary = train(cfg, tmp_path / "run", on_update=record)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert summary["best_bleu"] == 20.0
+    assert tensorboard_scalars(tmp_path / "run", "valid/bleu") == [(2, 5.0), (4, 20.0), (6, 10.0), (8, 15.0)]
+    best = load_checkpoint(ckpts / "checkpoint_best.pt")
+    assert best["step"] == 4
+    assert all(torch.equal(best["model"][k], weights[4][k]) for k in weights[4])
+    assert not all(torch.equal(best["model"][k], weights[8][k]) for k in weights[8])
+    assert sorted(p.name for p in ckpts.glob("checkpoint_*_*.pt")) == ["checkpoint_1_6.pt", "checkpoint_1_8.pt"]
+
+    model, _, _ = build_from_checkpoint(load_checkpoint(ckpts / "checkpoint_last.pt"))
+    valid = prepare_data(cfg.data, seed=cfg.train.seed, splits=("valid",)).splits["valid"]
+    batch = collate(valid, list(range(len(valid))))
+    with torch.no_grad():
+        loss, _ = label_smoothed_loss(model(batch.src_tokens, batch.prev_output_tokens), batch.target, EPS, PAD)
+    bits = loss.item() / batch.ntokens / math.log(2)
+    assert tensorboard_scalars(tmp_path / "run", "valid/loss")[-1] == (8, pytest.approx(bits, rel=1e-5))
+
+
+def epoch_lengths(cfg: Config, epochs: int) -> list[int]:
+    split = prepare_data(cfg.data, seed=cfg.train.seed, splits=("train",)).splits["train"]
+    return [len(make_batches(split, cfg.data.max_tokens, shuffle=True, seed=cfg.train.seed, epoch=e))
+            for e in range(1, epochs + 1)]  # fmt: skip
+
+
+def test_max_epochs_runs_whole_epochs(tmp_path: Path) -> None:
+    cfg = wiring_cfg(tmp_path, max_updates=100, max_epochs=2)
+    summary = train(cfg, tmp_path / "run")
+    assert summary["step"] == sum(epoch_lengths(cfg, 2)) and summary["epoch"] == 3
+
+
+@pytest.mark.parametrize("stop_after", ["end of epoch 1", "one update before it"])
+def test_resume_across_an_epoch_boundary_equals_uninterrupted(tmp_path: Path, stop_after: str) -> None:
+    cfg = wiring_cfg(tmp_path)
+    first_epoch = epoch_lengths(cfg, 1)[0]
+    stop = first_epoch if stop_after == "end of epoch 1" else first_epoch - 1
+    total = first_epoch + 3
+    at = lambda n: dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_updates=n))  # noqa: E731
+    full = train(at(total), tmp_path / "full")
+    part = train(at(stop), tmp_path / "split")
+    rest = train(at(total), tmp_path / "split")
+    assert part["losses"] + rest["losses"] == full["losses"]  # exact
+    assert rest["epoch"] == full["epoch"] == 2
+    last = [load_checkpoint(d / "checkpoints" / "checkpoint_last.pt")["model"] for d in (tmp_path / "full",
+                                                                                      tmp_path / "split")]  # fmt: skip
+    assert all(torch.equal(last[0][k], last[1][k]) for k in last[0])
+
+
+def test_max_minutes_stops_after_the_first_update(tmp_path: Path) -> None:
+    summary = train(wiring_cfg(tmp_path, max_updates=5, max_minutes=1e-9), tmp_path / "run")
+    assert summary["step"] == 1
+
+
+def test_validate_every_minutes_validates_when_due(tmp_path: Path) -> None:
+    """A tiny interval is due after every update; without it, a 3-update run validates once, at its end."""
+    train(wiring_cfg(tmp_path, max_updates=3, validate_every_minutes=1e-9), tmp_path / "due")
+    train(wiring_cfg(tmp_path, max_updates=3), tmp_path / "off")
+    assert [s for s, _ in tensorboard_scalars(tmp_path / "due", "valid/bleu")] == [1, 2, 3]
+    assert [s for s, _ in tensorboard_scalars(tmp_path / "off", "valid/bleu")] == [3]
+
+
+# --- DDP: 2 gloo processes -------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _first_update_worker(rank: int, cfg: Config, run_dir: str, port: int, out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)
+    )
+    seen: list[dict[str, float]] = []
+    train(cfg, Path(run_dir), on_update=record_updates(seen))
+    torch.save(seen[0], f"{out}.{rank}")
+
+
+@pytest.mark.slow
+def test_two_process_ddp_first_gradient_is_the_global_token_mean(tmp_path: Path) -> None:
+    """Each rank's loss is divided by the tokens of both ranks and multiplied by the world size
+    (DDP averages): the all-reduced gradient equals the gradient of the union of both ranks'
+    batches, normalized once. Compared before Adam, which would hide a wrong scale."""
+    cfg = wiring_cfg(tmp_path, max_updates=1)
+    prepare_data(cfg.data, seed=cfg.train.seed)  # fill the cache before the ranks start
+    out = str(tmp_path / "first")
+    mp.spawn(_first_update_worker, args=(cfg, str(tmp_path / "ddp"), _free_port(), out), nprocs=2, join=True)
+    ref = reference_first_update(cfg, world_size=2)
+    for rank in (0, 1):
+        metrics = torch.load(f"{out}.{rank}", weights_only=True)
+        assert metrics["train/grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4)
+        assert metrics["train/loss"] == pytest.approx(ref["loss"], rel=1e-5)
