@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -20,7 +19,3 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: 
     smooth = -(lprobs.sum(dim=-1) * keep).sum() / lprobs.size(-1)
     return (1.0 - epsilon) * nll + epsilon * smooth, nll
 
-
-@torch.no_grad()
-def count_tokens(target: Tensor, pad_id: int) -> int:
-    return int(target.ne(pad_id).sum())

@@ -1,14 +1,17 @@
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from tests.conftest import PAD, VOCAB, random_batch, tiny_model
 from tfx.init import apply_init
-from tfx.model import has_layer_norm
+from tfx.model import Transformer, has_layer_norm
 from tfx.model.transformer import sinusoidal_table
 
 
@@ -136,3 +139,34 @@ def test_token_embedding_scales_by_sqrt_d_and_adds_positions() -> None:
                 math.sqrt(d) * embedding.embed.weight[tokens].double() + formula_positions(offset + 3, d)[offset:]
             )
             torch.testing.assert_close(embedding(tokens, offset=offset).double(), expected, rtol=0, atol=1e-4)
+
+
+@functools.cache
+def double_model(norm: str) -> Transformer:
+    torch.manual_seed(0)
+    model = tiny_model(norm, enc=2, dec=2).eval()
+    apply_init(model, "xavier")
+    return model.double()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    norm=st.sampled_from(["none", "post", "pre"]),
+    src_lens=st.lists(st.integers(1, 12), min_size=1, max_size=3),
+    tgt_len=st.integers(1, 14),
+    seed=st.integers(0, 2**16),
+)
+def test_kv_cache_equals_full_forward_for_random_lengths(norm: str, src_lens: list[int], tgt_len: int, seed: int):
+    """Step-by-step decoding with the KV cache gives the full forward's logits at every position,
+    whatever the source lengths (right padding) and target length."""
+    model = double_model(norm)
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (len(src_lens), max(src_lens)), generator=g)
+    for row, n in enumerate(src_lens):
+        src[row, n:] = PAD
+    tgt = torch.randint(4, VOCAB, (len(src_lens), tgt_len), generator=g)
+    with torch.no_grad():
+        full = model(src, tgt)  # (B, T, V)
+        enc, state = model.encode(src), model.new_decoder_state()
+        steps = [model.decode_step(tgt[:, t : t + 1], enc, state) for t in range(tgt_len)]
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-10, rtol=1e-10)

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Mutation testing of tfx's numerical core with mutmut 3 (pip install -e ".[dev]"); not part of CI.
+#
+#   scripts/mutation_check.sh                  # every module below, each against its own fast tests
+#   scripts/mutation_check.sh optim criterion  # some of them
+#   MUTATION_TESTS=all scripts/mutation_check.sh optim   # against the whole fast suite (slow)
+#   MUTATION_REPO=/other/checkout scripts/mutation_check.sh optim   # measure another tree's tests
+#
+# Each module is mutated in its own scratch copy of the tree (mutmut writes a mutants/ folder and
+# reads one [tool.mutmut] config), so runs never touch the working tree. Prints killed/survived per
+# module, then the surviving mutants (`mutmut show NAME` in the scratch folder shows a diff).
+# Runs at nice 19 with MUTATION_CHILDREN (default 1) parallel workers.
+set -euo pipefail
+
+REPO=$(cd "${MUTATION_REPO:-$(dirname "$0")/..}" && pwd)
+WORK=${MUTATION_WORK:-${TMPDIR:-/tmp}/tfx-mutation}
+CHILDREN=${MUTATION_CHILDREN:-1}
+declare -A SOURCES=(
+  [init]="tfx/init/*" [criterion]="tfx/criterion.py" [optim]="tfx/optim.py" [decode]="tfx/decode.py"
+  [average]="tfx/average.py" [model]="tfx/model/*" [batching]="tfx/data/batching.py"
+)
+declare -A TESTS=(
+  [init]="tests/init" [criterion]="tests/test_criterion.py" [optim]="tests/test_optim.py"
+  [decode]="tests/test_decode.py" [average]="tests/test_average*.py" [model]="tests/model"
+  [batching]="tests/data/test_batching.py"
+)
+MODULES=("$@")
+[ ${#MODULES[@]} -eq 0 ] && MODULES=(init criterion optim decode average model batching)
+
+for module in "${MODULES[@]}"; do
+  if [ -z "${SOURCES[$module]+x}" ]; then
+    echo "unknown module '$module': choose from ${!SOURCES[*]}" >&2
+    exit 2
+  fi
+done
+
+summary=()
+for module in "${MODULES[@]}"; do
+  dir="$WORK/$module"
+  rm -rf "$dir" && mkdir -p "$dir"
+  (cd "$REPO" && tar -cf - --exclude=mutants --exclude=__pycache__ --exclude=data/cache \
+      tfx tests conf scripts data pyproject.toml) | tar -xf - -C "$dir"
+  if [ "${MUTATION_TESTS:-own}" = all ]; then
+    tests='"tests"'
+  else
+    tests=$(cd "$dir" && for t in ${TESTS[$module]}; do printf '"%s", ' "$t"; done)
+  fi
+  # Replace the [tool.mutmut] table with this module's: its source files, its tests.
+  python - "$dir/pyproject.toml" "${SOURCES[$module]}" "$tests" <<'PY'
+import re
+import sys
+
+path, pattern, tests = sys.argv[1:]
+text = re.sub(r"\n\[tool\.mutmut\]\n(?:(?!\n\[).)*", "", open(path).read(), flags=re.S)
+text += f"""
+[tool.mutmut]
+source_paths = ["tfx/"]
+only_mutate = ["{pattern}"]
+pytest_add_cli_args = ["-m", "not slow", "-p", "no:cacheprovider"]
+pytest_add_cli_args_test_selection = [{tests}]
+also_copy = ["conf/", "tests/", "scripts/", "data/"]
+"""
+open(path, "w").write(text)
+PY
+  echo "== $module: mutating ${SOURCES[$module]} against ${TESTS[$module]} (in $dir)"
+  (cd "$dir" && nice -n 19 mutmut run --max-children "$CHILDREN" >mutmut.log 2>&1) || {
+    echo "mutmut failed for $module: see $dir/mutmut.log" >&2
+    tail -20 "$dir/mutmut.log" >&2
+    continue
+  }
+  (cd "$dir" && mutmut export-cicd-stats >/dev/null)
+  line=$(python - "$module" "$dir/mutants/mutmut-cicd-stats.json" <<'PY'
+import json
+import sys
+
+module, path = sys.argv[1:]
+s = json.load(open(path))
+other = s["total"] - s["killed"] - s["survived"]
+score = 100 * s["killed"] / max(s["total"], 1)
+print(f"{module:<10} killed {s['killed']:>4} / {s['total']:<4} ({score:5.1f} %)  survived {s['survived']:>4}  other {other}")
+PY
+)
+  summary+=("$line")
+  echo "$line"
+  (cd "$dir" && mutmut results | sed 's/^/    /') || true
+done
+
+echo
+echo "== mutation scores (killed / total; 'other' = timeout, no tests, suspicious, skipped)"
+printf '%s\n' "${summary[@]}"
