@@ -22,7 +22,8 @@ def test_optimizer_gets_every_setting_and_every_trainable_parameter(device: str)
     assert group["lr"] == lr_at(0, CFG) == 2e-5
     assert group["betas"] == (0.8, 0.95) and group["eps"] == 1e-6 and group["weight_decay"] == 0.05
     trainable = [p for p in model.parameters() if p.requires_grad]
-    assert len(group["params"]) == len(trainable) and all(a is b for a, b in zip(group["params"], trainable))
+    assert len(group["params"]) == len(trainable)
+    assert all(a is b for a, b in zip(group["params"], trainable, strict=True))
     assert (group["fused"], group["foreach"]) == ((True, None) if device == "cpu" else (None, True))
 
 

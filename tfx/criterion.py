@@ -18,4 +18,3 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: 
     nll = F.nll_loss(lprobs, target, ignore_index=pad_id, reduction="sum")
     smooth = -(lprobs.sum(dim=-1) * keep).sum() / lprobs.size(-1)
     return (1.0 - epsilon) * nll + epsilon * smooth, nll
-

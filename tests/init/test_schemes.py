@@ -13,7 +13,8 @@ from tfx.init import (
     tfixup_embedding_scale,
     tfixup_encoder_scale,
 )
-from tfx.model import has_layer_norm
+from tfx.init.xavier import token_embeddings
+from tfx.model import MultiheadAttention, has_layer_norm
 
 
 def xavier_std(w: torch.Tensor) -> float:
@@ -143,3 +144,34 @@ def test_tfixup_scales_every_layer_of_every_stack(n_enc: int, n_dec: int, shared
 
 ENC_SCALED = ("self_attn.v_proj", "self_attn.out_proj", "ffn.fc1", "ffn.fc2")
 DEC_SCALED = (*ENC_SCALED, "encoder_attn.v_proj", "encoder_attn.out_proj")
+
+
+def test_unknown_scheme_is_named_with_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"init.name='bogus': use one of \['component_wise', 'tfixup', 'xavier'\]"):
+        apply_init(tiny_model(), "bogus")
+
+
+def test_xavier_embeddings_are_centred_and_shared_tables_listed_once() -> None:
+    model = tiny_model(d=64, share_all_embeddings=True)
+    assert token_embeddings(model) == [model.encoder.embedding.embed]
+    apply_init(model, "xavier", seed=2)
+    emb = model.encoder.embedding.embed.weight[1:]
+    assert abs(emb.mean().item()) < 0.025 and _rel_std_error(emb, 64**-0.5) < 0.1  # mean 0, std d^-1/2
+
+
+def test_component_wise_attention_gains() -> None:
+    """q/k/v: Xavier-uniform at gain 1/sqrt(2) times one multiplier in [0.9, 1] per head (the rows of a
+    head share it, and heads differ); out_proj: Xavier gain 0.8."""
+    torch.manual_seed(0)
+    model = tiny_model("post", d=64, enc=2, dec=2)
+    apply_init(model, "component_wise")
+    ratios = []
+    for attn in (m for m in model.modules() if isinstance(m, MultiheadAttention)):
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+            fan_out, fan_in = proj.weight.shape
+            bound = math.sqrt(6.0 / (fan_in + fan_out)) / math.sqrt(2)
+            per_head = proj.weight.detach().abs().view(attn.heads, -1).amax(dim=1) / bound  # (H,)
+            ratios += per_head.tolist()
+        assert _rel_std_error(attn.out_proj.weight, 0.8 * xavier_std(attn.out_proj.weight)) < 0.1
+    assert max(ratios) <= 1.0 and min(ratios) > 0.88
+    assert min(ratios) < 0.97  # multipliers below 1 exist: not plain Xavier at gain 1/sqrt(2)
