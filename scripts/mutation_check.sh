@@ -20,7 +20,7 @@ declare -A SOURCES=(
   [average]="tfx/average.py" [model]="tfx/model/*" [batching]="tfx/data/batching.py"
 )
 declare -A TESTS=(
-  [init]="tests/init" [criterion]="tests/test_criterion.py" [optim]="tests/test_optim.py"
+  [init]="tests/init" [criterion]="tests/test_criterion.py" [optim]="tests/test_optim*.py"
   [decode]="tests/test_decode.py" [average]="tests/test_average*.py" [model]="tests/model"
   [batching]="tests/data/test_batching.py"
 )
