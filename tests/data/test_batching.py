@@ -111,3 +111,42 @@ def test_batching_properties(lengths, max_tokens, max_sentences, world_size, see
         assert b and (cost(split, b) <= max_tokens or len(b) == 1)
         assert max_sentences is None or len(b) <= max_sentences
     assert [plan(r) for r in range(world_size)] == shares
+
+
+def test_collate_lengths_are_int64(train):
+    batch = collate(train, [0, 3])
+    assert batch.src_lengths.dtype == batch.prev_output_tokens.dtype == torch.int64
+
+
+def test_batch_to_moves_every_tensor(train):
+    moved = collate(train, [1, 2]).to("meta")
+    assert all(t.device.type == "meta" for t in (moved.src_tokens, moved.src_lengths, moved.prev_output_tokens,
+                                                 moved.target))  # fmt: skip
+    assert moved.ntokens > 0 and moved.indices == [1, 2]
+
+
+def test_defaults_and_rank_check(train):
+    assert make_batches(train, 300) == make_batches(train, 300, seed=1, epoch=1)
+    with pytest.raises(ValueError, match=r"rank=2 must be in \[0, world_size=2\)"):
+        make_batches(train, 300, rank=2, world_size=2)
+
+
+def test_budget_is_filled_exactly():
+    """Equal sizes 5 and a budget of 20: batches of exactly 4 (a batch may reach the budget)."""
+    batches = make_batches(split_of([(5, 5)] * 12), max_tokens=20, shuffle=False)
+    assert sorted(len(b) for b in batches) == [4, 4, 4]
+
+
+def test_ties_are_shuffled_between_epochs():
+    """Same-size examples are grouped differently each epoch, not only the batch order."""
+    split = split_of([(5, 5)] * 40)
+    epochs = [{frozenset(b) for b in make_batches(split, 20, seed=1, epoch=e)} for e in (1, 2)]
+    assert epochs[0] != epochs[1]
+
+
+def test_even_out_splits_a_two_sentence_batch():
+    """Sizes 5, budget 10: batches [2, 1]; three ranks need the pair split into two singletons."""
+    shares = [make_batches(split_of([(5, 5)] * 3), 10, rank=r, world_size=3) for r in range(3)]
+    assert [[len(b) for b in share] for share in shares] == [[1], [1], [1]]
+    with pytest.raises(DataError, match="cannot give 2 ranks equal batch counts from 3 examples"):
+        make_batches(split_of([(5, 5)] * 3), 5, world_size=2)
