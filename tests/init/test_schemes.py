@@ -175,3 +175,15 @@ def test_component_wise_attention_gains() -> None:
         assert _rel_std_error(attn.out_proj.weight, 0.8 * xavier_std(attn.out_proj.weight)) < 0.1
     assert max(ratios) <= 1.0 and min(ratios) > 0.88
     assert min(ratios) < 0.97  # multipliers below 1 exist: not plain Xavier at gain 1/sqrt(2)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_default_seed_is_one(name: str) -> None:
+    """``apply_init`` and every scheme default to seed 1 (the trainer's ``train.seed`` default)."""
+    norm = "post" if name == "component_wise" else "none"
+    a, b, c = tiny_model(norm), tiny_model(norm), tiny_model(norm)
+    apply_init(a, name)
+    SCHEMES[name](b)
+    apply_init(c, name, seed=1)
+    for (key, x), y, z in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values(), strict=True):
+        assert torch.equal(x, z) and torch.equal(y, z), key
