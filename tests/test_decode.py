@@ -12,6 +12,7 @@ from tfx.data import EOS, UNK
 from tfx.decode import (
     beam_search,
     beam_search_nbest,
+    block_repeated_ngrams,
     greedy_decode,
     length_batches,
     length_normalized,
@@ -216,3 +217,20 @@ def test_translate_sentences_keeps_input_order(beam: int) -> None:
     alone = [translate_sentences(model, tok, [s], beam=beam)[0] for s in sentences]
     assert together == alone
     assert translate_sentences(model, tok, [], beam=beam) == []
+
+
+def test_block_repeated_ngrams_bans_only_the_completing_token() -> None:
+    """After 4 5 4, the bigram (4, 5) exists and 4 is last: only 5 is banned (not 4, which (5, 4) ends)."""
+    lprobs = torch.zeros(1, 8)
+    block_repeated_ngrams(lprobs, torch.tensor([[4, 5, 4]]), 2)
+    assert lprobs[0].isinf().nonzero().flatten().tolist() == [5]
+    lprobs = torch.zeros(1, 8)
+    block_repeated_ngrams(lprobs, torch.tensor([[4, 5, 6, 4, 5]]), 3)  # (4, 5, 6) exists, (4, 5) is last
+    assert lprobs[0].isinf().nonzero().flatten().tolist() == [6]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_zero_maximum_length_gives_empty_outputs(beam: int) -> None:
+    model, src = model_with_eos_bias(-50.0), sources()  # EOS never chosen freely: the cap forces it
+    hyps = beam_search(model, src, beam=beam, max_len_a=0, max_len_b=0)
+    assert hyps == [[]] * src.size(0)
