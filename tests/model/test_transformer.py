@@ -138,7 +138,16 @@ def test_token_embedding_scales_by_sqrt_d_and_adds_positions() -> None:
             expected = (
                 math.sqrt(d) * embedding.embed.weight[tokens].double() + formula_positions(offset + 3, d)[offset:]
             )
-            torch.testing.assert_close(embedding(tokens, offset=offset).double(), expected, rtol=0, atol=1e-4)
+            out = embedding(tokens, offset=offset) if offset else embedding(tokens)  # offset defaults to 0
+            torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-4)
+
+
+def test_token_embedding_accepts_exactly_max_positions() -> None:
+    embedding = tiny_model(max_positions=6).encoder.embedding
+    assert embedding(torch.full((1, 6), 5)).shape == (1, 6, 32)
+    assert embedding(torch.full((1, 2), 5), offset=4).shape == (1, 2, 32)
+    with pytest.raises(ValueError, match="sequence of 7 tokens exceeds model.max_positions=6"):
+        embedding(torch.full((1, 3), 5), offset=4)
 
 
 @functools.cache
