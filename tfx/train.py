@@ -240,7 +240,7 @@ class Trainer:
         # inner model in eval mode (validation restores it); a DDP/compile wrapper keeps its own flag.
         if not self.model.training:
             self.net.train()
-        loss_sum = nll_sum = 0.0
+        sums: list[torch.Tensor] = []  # (loss, nll) per micro-batch, read once: no host sync per micro-batch
         for i, batch in enumerate(batches):
             if self.device.type == "cuda":
                 batch = batch.pin_memory()  # pinned host memory makes the non_blocking copy truly async
@@ -252,10 +252,10 @@ class Trainer:
                 logits = self.net(batch.src_tokens, batch.prev_output_tokens)
                 loss, nll = label_smoothed_loss(logits, batch.target, opt.label_smoothing, PAD)
             self.precision.backward(loss * self.dist.world_size / max(ntokens, 1.0))
-            loss_sum += loss.item()
-            nll_sum += nll.item()
+            sums.append(torch.stack([loss.detach(), nll.detach()]))
         clip = opt.clip_norm if opt.clip_norm > 0 else math.inf
         grad_norm = self.precision.unscale_and_clip(self.optimizer, self.model.parameters(), clip)
+        loss_sum, nll_sum = torch.stack(sums).double().sum(0).tolist()  # after clip's own sync
         metrics = {"train/grad_norm": grad_norm, "train/lr": lr}
         if record_layers:  # per-layer grad norms and activation RMS: what LayerNorm would otherwise hide
             metrics.update({f"layers/{k}": v for k, v in layer_stats(self.model, recorder).items()})
