@@ -54,8 +54,3 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, epsilon: float, pad_id: 
     """
     vocab = logits.size(-1)
     return _LabelSmoothedLoss.apply(logits.reshape(-1, vocab), target.reshape(-1), epsilon, pad_id)
-
-
-@torch.no_grad()
-def count_tokens(target: Tensor, pad_id: int) -> int:
-    return int(target.ne(pad_id).sum())
