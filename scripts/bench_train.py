@@ -6,6 +6,16 @@ unscale + clip), optionally ``torch.compile`` as the trainer wraps it, and times
 update (forward, label-smoothed loss, backward, clip, optimizer step) on synthetic batches: random
 token ids at the experiment's vocabulary size, ``max_tokens`` per batch, cycling through a few
 sentence lengths as token bucketing does. No corpus is read, so data loading is not in the figure.
+``--real-data`` times tfx.train's own first batches instead: the experiment's corpus (e.g.
+``data=multi30k``), its sentencepiece vocabulary, ``make_batches`` with the run's seed and epoch 1,
+collated before the clock starts, tokens counted as the trainer does (non-pad target tokens).
+
+``--peer`` (implies ``--real-data``) runs ``../shared/bench/fairseq_peer.sh`` in the same invocation
+(fairseq 0.12.2, ``transformer_iwslt_de_en``, tied decoder embeddings, dropout 0.3, max_tokens 4096,
+Multi30k De->En with its own 8k joint BPE, ``OMP_NUM_THREADS=--threads``) and prints both target
+tokens/s and their ratio. Both sides are steady state: fairseq's figure is its ``train_inner`` log
+lines after the first (``--log-interval 10``: updates 11..N), tfx's the ``--steps`` updates after
+``--warmup``. ``--repeat R`` alternates the two R times, so a busy machine shows up as spread.
 
 Model FLOPs utilization (MFU, as in PaLM, Chowdhery et al. 2022, appendix B) counts the FLOPs the
 model needs, not what the kernels do (no recomputation, no padding):
@@ -24,13 +34,18 @@ Usage::
 
     python scripts/bench_train.py --experiment iwslt --compile off on          # GPU
     python scripts/bench_train.py --experiment iwslt --profile --device cpu --steps 3 model.encoder_layers=2
+    python scripts/bench_train.py --experiment iwslt --device cpu --threads 1 --peer --warmup 2 --steps 10 \
+        data=multi30k train.precision=fp32                                 # tfx vs fairseq, same machine
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -41,13 +56,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without `pip install -e .`
 from tfx.config import Config, register_configs  # noqa: E402
 from tfx.criterion import label_smoothed_loss  # noqa: E402
-from tfx.data import PAD  # noqa: E402
+from tfx.data import PAD, collate, make_batches, prepare_data  # noqa: E402
 from tfx.init import apply_init  # noqa: E402
 from tfx.model import Transformer, build_model  # noqa: E402
 from tfx.optim import build_optimizer, lr_at, set_lr  # noqa: E402
 from tfx.precision import Precision  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "fairseq_peer.sh"
+PEER_LOG_INTERVAL = 10  # fairseq_peer.sh's --log-interval
 BOS = 2  # collate's decoder-input prefix; any id >= 4 would do for timing
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s from NVIDIA's data sheets; first match of the
@@ -76,6 +93,9 @@ FAMILIES = (
 )
 
 
+TOP_OTHER = 6  # ops of the "other" family named under the table
+
+
 def compose(experiment: str, overrides: list[str]) -> Config:
     """The experiment's resolved config, as ``python -m tfx.train +experiment=NAME ...`` would see it."""
     from hydra import compose as hydra_compose
@@ -97,7 +117,7 @@ def peak_tflops(device: torch.device, override: float | None) -> float | None:
 
 
 def synthetic_batches(vocab: int, max_tokens: int, lengths: list[int], device: torch.device, seed: int = 0):
-    """One (src, prev_output_tokens, target) per length: ``max_tokens // length`` sentences, no padding."""
+    """One (src, prev_output_tokens, target, ntokens) per length: ``max_tokens // length`` sentences, no padding."""
     g = torch.Generator().manual_seed(seed)
     batches = []
     for n in lengths:
@@ -105,8 +125,20 @@ def synthetic_batches(vocab: int, max_tokens: int, lengths: list[int], device: t
         src = torch.randint(4, vocab, (rows, n), generator=g)
         target = torch.randint(4, vocab, (rows, n), generator=g)
         prev = torch.cat([torch.full((rows, 1), BOS), target[:, :-1]], dim=1)
-        batches.append((src.to(device), prev.to(device), target.to(device)))
+        batches.append((src.to(device), prev.to(device), target.to(device), target.numel()))
     return batches
+
+
+def real_batches(cfg: Config, count: int, device: torch.device) -> tuple[list, int]:
+    """tfx.train's first ``count`` batches of epoch 1 (same corpus, vocabulary, seed and plan), and the vocab size."""
+    corpus = prepare_data(cfg.data, seed=cfg.train.seed, splits=("train",))
+    train = corpus.splits["train"]
+    plan = make_batches(train, cfg.data.max_tokens, cfg.data.max_sentences, shuffle=True, seed=cfg.train.seed)
+    batches = []
+    for indices in plan[:count]:
+        b = collate(train, indices).to(device)
+        batches.append((b.src_tokens, b.prev_output_tokens, b.target, b.ntokens))
+    return batches, corpus.tokenizer.vocab_size
 
 
 def layer_params(layers: torch.nn.Module) -> int:
@@ -159,18 +191,67 @@ class Bench:
         self.precision = Precision(cfg.train.precision, device)
         self.updates = 0
 
-    def step(self, src: torch.Tensor, prev: torch.Tensor, target: torch.Tensor) -> None:
+    def step(self, src: torch.Tensor, prev: torch.Tensor, target: torch.Tensor, ntokens: float) -> None:
         opt = self.cfg.optim
         set_lr(self.optimizer, lr_at(self.updates, opt))
         with self.precision.autocast():
             logits = self.net(src, prev)
             loss, _ = label_smoothed_loss(logits, target, opt.label_smoothing, PAD)
-        self.precision.backward(loss / target.numel())
+        self.precision.backward(loss / ntokens)
         clip = opt.clip_norm if opt.clip_norm > 0 else float("inf")
         grad_norm = self.precision.unscale_and_clip(self.optimizer, self.model.parameters(), clip)
         self.precision.step(self.optimizer, grad_norm, loss_finite=True)
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
+
+
+@dataclass
+class PeerResult:
+    """fairseq's steady-state throughput: its ``train_inner`` intervals after the first."""
+
+    updates: int
+    tokens: float
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def parse_fairseq_log(text: str) -> PeerResult:
+    """Sum the tokens (wpb x updates) and time (tokens / wps) of every ``train_inner`` line but the first.
+
+    fairseq resets its ``train_inner`` meters after each line, so each line's wps is that interval's
+    wall-clock rate (data loading included); the first interval holds the warm-up and is dropped.
+    """
+    rows = []
+    for line in text.splitlines():
+        if "train_inner" not in line:
+            continue
+        fields = {k: float(v) for k, v in re.findall(r"\b(wps|wpb|num_updates)[= ]([0-9.]+)", line)}
+        if len(fields) == 3:
+            rows.append(fields)
+    if len(rows) < 2:
+        raise ValueError(f"fairseq's log has {len(rows)} train_inner line(s); need 2 (run >= 2 log intervals)")
+    updates = tokens = seconds = 0.0
+    for before, row in zip(rows, rows[1:], strict=False):
+        n = row["num_updates"] - before["num_updates"]
+        updates, tokens, seconds = updates + n, tokens + row["wpb"] * n, seconds + row["wpb"] * n / row["wps"]
+    return PeerResult(int(updates), tokens, seconds)
+
+
+def run_peer(script: Path, updates: int, threads: int, timeout_s: float) -> PeerResult:
+    """Run fairseq_peer.sh (installs fairseq on its first run) and read its log."""
+    if not script.is_file():
+        raise FileNotFoundError(f"peer script {script} not found: pass --peer-script PATH")
+    done = subprocess.run(
+        ["bash", str(script), str(updates), str(threads)], capture_output=True, text=True, timeout=timeout_s
+    )
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        raise RuntimeError(f"{script.name} exited {done.returncode}: {' / '.join(tail)}")
+    work = Path(os.environ.get("FAIRSEQ_PEER_DIR", "/tmp/fairseq_peer"))
+    return parse_fairseq_log((work / "train.log").read_text())
 
 
 def sync(device: torch.device) -> None:
@@ -180,17 +261,20 @@ def sync(device: torch.device) -> None:
 
 def measure(cfg: Config, args: argparse.Namespace, compile_model: bool) -> tuple[Result, Bench, list]:
     device = torch.device(args.device)
+    if args.real_data:
+        batches, args.vocab = real_batches(cfg, args.warmup + args.steps, device)
+    else:
+        batches = synthetic_batches(args.vocab, cfg.data.max_tokens, args.lengths, device)
     bench = Bench(cfg, args.vocab, device, args.compile_backend if compile_model else None)
-    batches = synthetic_batches(args.vocab, cfg.data.max_tokens, args.lengths, device)
     for i in range(args.warmup):  # compiles every length bucket, warms allocator and kernels
         bench.step(*batches[i % len(batches)])
     sync(device)
     tic = time.perf_counter()
     tokens = flops = 0.0
     for i in range(args.steps):
-        src, prev, target = batches[i % len(batches)]
-        bench.step(src, prev, target)
-        tokens += target.numel()
+        src, prev, target, ntokens = batches[(args.warmup + i if args.real_data else i) % len(batches)]
+        bench.step(src, prev, target, ntokens)
+        tokens += ntokens
         flops += step_flops(bench.model, cfg.model.d_model, args.vocab, src, target)
     sync(device)
     seconds = time.perf_counter() - tic
@@ -219,15 +303,20 @@ def profile_table(bench: Bench, batches: list, steps: int) -> str:
             bench.step(*batches[i % len(batches)])
         sync(bench.device)
     totals: dict[str, float] = {}
+    others: dict[str, float] = {}
     for event in prof.key_averages():
         us = event.self_device_time_total if cuda else event.self_cpu_time_total
         family = next((name for name, pattern in FAMILIES if re.search(pattern, event.key, re.I)), "other")
         totals[family] = totals.get(family, 0.0) + us
+        if family == "other":
+            others[event.key] = us
     total = sum(totals.values()) or 1.0
     where = "CUDA kernel" if cuda else "CPU"
     lines = [f"| op family ({where} self time) | ms/update | share |", "|---|---:|---:|"]
     for family, us in sorted(totals.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {family} | {us / 1e3 / steps:.2f} | {100 * us / total:.0f}% |")
+    top = sorted(others.items(), key=lambda kv: -kv[1])[:TOP_OTHER]
+    lines.append("\nlargest in other: " + ", ".join(f"{k} {100 * us / total:.1f}%" for k, us in top))
     return "\n".join(lines)
 
 
@@ -272,7 +361,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
-    return p.parse_args(argv)
+    p.add_argument("--real-data", action="store_true", help="time tfx.train's first batches of the corpus")
+    p.add_argument("--peer", action="store_true", help="also run fairseq_peer.sh; implies --real-data")
+    p.add_argument("--peer-script", type=Path, default=PEER_SCRIPT)
+    p.add_argument("--peer-updates", type=int, default=2 * PEER_LOG_INTERVAL, help="fairseq updates (timed: after 10)")
+    p.add_argument("--peer-timeout", type=float, default=1800.0, help="seconds (the first run installs fairseq)")
+    p.add_argument("--repeat", type=int, default=1, help="with --peer: alternate tfx and fairseq this many times")
+    args = p.parse_args(argv)
+    if args.peer:
+        args.real_data = True
+        if args.peer_updates < 2 * PEER_LOG_INTERVAL:
+            p.error(f"--peer-updates must be >= {2 * PEER_LOG_INTERVAL}: fairseq's first log interval is warm-up")
+        if args.threads <= 0 or args.compile != ["off"]:
+            p.error("--peer needs --threads N (the same on both sides) and --compile off")
+    return args
+
+
+def peer_comparison(cfg: Config, args: argparse.Namespace) -> int:
+    """Alternate tfx and fairseq ``--repeat`` times; one row each, then the ratio of the medians."""
+    print(f"\npeer: {args.peer_script} {args.peer_updates} {args.threads} (timed: updates "
+          f"{PEER_LOG_INTERVAL + 1}..{args.peer_updates})\n", flush=True)  # fmt: skip
+    print("| run | system | timed updates | tgt tokens | s | tgt tokens/s |\n|---|---|---:|---:|---:|---:|", flush=True)
+    ours, theirs = [], []
+    for r in range(1, args.repeat + 1):
+        result, bench, _ = measure(cfg, args, compile_model=False)
+        del bench
+        ours.append(result.tokens_per_s)
+        tokens = result.tokens_per_step * args.steps
+        print(f"| {r} | tfx | {args.steps} | {tokens:.0f} | {result.step_s * args.steps:.1f} "
+              f"| {result.tokens_per_s:.0f} |", flush=True)  # fmt: skip
+        peer = run_peer(args.peer_script, args.peer_updates, args.threads, args.peer_timeout)
+        theirs.append(peer.tokens_per_s)
+        print(f"| {r} | fairseq 0.12.2 | {peer.updates} | {peer.tokens:.0f} | {peer.seconds:.1f} "
+              f"| {peer.tokens_per_s:.0f} |", flush=True)  # fmt: skip
+    a, b = statistics.median(ours), statistics.median(theirs)
+    pairs = ", ".join(f"{x / y:.2f}" for x, y in zip(ours, theirs, strict=True))
+    print(f"\ntfx {a:.0f} tgt tokens/s, fairseq {b:.0f}: ratio {a / b:.2f}x (medians; per pair: {pairs})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [*args.overrides, f"train.device={args.device}"]
     cfg = compose(args.experiment, overrides)
     args.vocab = args.vocab or cfg.data.vocab_size
+    if args.peer:
+        return peer_comparison(cfg, args)
     print(table_header(cfg, args), flush=True)
     results, profiled, failed = [], "", False
     for mode in args.compile:  # a row as soon as it is measured: a later setting failing or timing out keeps it

@@ -95,8 +95,8 @@ def expand_encoder_out(enc: EncoderOut, rows: Tensor) -> EncoderOut:
 class CachedStepper:
     """Next-token log-probs from the newest token and the decoder's key/value cache."""
 
-    def __init__(self, model: Transformer, enc: EncoderOut) -> None:
-        self.model, self.enc, self.state = model, enc, model.new_decoder_state()
+    def __init__(self, model: Transformer, enc: EncoderOut, max_steps: int = 0) -> None:
+        self.model, self.enc, self.state = model, enc, model.new_decoder_state(max_steps)
 
     def log_probs(self, prefix: Tensor) -> Tensor:
         """prefix (N, t) -> (N, V) fp32; only the last column is fed."""
@@ -108,7 +108,7 @@ class CachedStepper:
         if shrink:
             self.enc = expand_encoder_out(self.enc, rows)
         if shrink or not torch.equal(rows, torch.arange(rows.numel(), device=rows.device)):
-            self.state.reorder(rows)
+            self.state.reorder(rows, cross=shrink)  # within a sentence the source keys/values are equal
 
 
 class UncachedStepper:
@@ -125,8 +125,10 @@ class UncachedStepper:
             self.enc = expand_encoder_out(self.enc, rows)
 
 
-def make_stepper(model: Transformer, enc: EncoderOut, use_cache: bool) -> CachedStepper | UncachedStepper:
-    return CachedStepper(model, enc) if use_cache else UncachedStepper(model, enc)
+def make_stepper(
+    model: Transformer, enc: EncoderOut, use_cache: bool, max_steps: int = 0
+) -> CachedStepper | UncachedStepper:
+    return CachedStepper(model, enc, max_steps) if use_cache else UncachedStepper(model, enc)
 
 
 # --- constraints ----------------------------------------------------------------------------------
@@ -217,8 +219,8 @@ def _beam_search(
     device, n_sent, vocab = src.device, src.size(0), model.vocab_size
     sent_max = max_output_lengths(src, max_len_a, max_len_b, max_positions(model) - 1)  # (B,)
     rows = torch.arange(n_sent, device=device).repeat_interleave(k)  # (B*K,) beam row -> sentence
-    stepper = make_stepper(model, expand_encoder_out(model.encode(src), rows), use_cache)
     max_steps = int(sent_max.max()) + 1
+    stepper = make_stepper(model, expand_encoder_out(model.encode(src), rows), use_cache, max_steps)
     tokens = torch.full((n_sent * k, max_steps + 1), PAD, dtype=torch.long, device=device)  # (N, T)
     tokens[:, 0] = BOS
     # Only beam 0 is live at first: identical beams would fill the beam with duplicates.
@@ -303,8 +305,8 @@ def _greedy(
 ) -> list[list[int]]:
     device, n_sent = src.device, src.size(0)
     sent_max = max_output_lengths(src, max_len_a, max_len_b, max_positions(model) - 1)
-    stepper = make_stepper(model, model.encode(src), use_cache)
     max_steps = int(sent_max.max()) + 1
+    stepper = make_stepper(model, model.encode(src), use_cache, max_steps)
     tokens = torch.full((n_sent, max_steps + 1), PAD, dtype=torch.long, device=device)
     tokens[:, 0] = BOS
     active = torch.arange(n_sent, device=device)

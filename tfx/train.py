@@ -26,7 +26,7 @@ from torch import nn
 
 from tfx import distributed
 from tfx.checkpoint import CheckpointError, git_sha
-from tfx.config import Config, register_configs
+from tfx.config import Config, TrainConfig, register_configs
 from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, Batch, DataError, collate, make_batches, prepare_data
 from tfx.diagnostics import ActivationRMS, layer_stats
@@ -35,7 +35,7 @@ from tfx.init import apply_init
 from tfx.logger import Progress, RunLogger
 from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer, lr_at, set_lr
-from tfx.precision import Precision
+from tfx.precision import Precision, StepOutcome
 from tfx.run_checkpoints import CheckpointManager, our_trajectory, rng_state
 from tfx.validate import validate
 
@@ -61,6 +61,25 @@ class TrainState:
     bad_steps: int = 0  # consecutive non-finite steps
     skipped_steps: int = 0  # all non-finite steps so far
     overflow_steps: int = 0  # fp16 updates skipped by the loss scaler (not divergence; not in bad_steps)
+
+    def record(self, outcome: StepOutcome) -> None:
+        """Count an applied update, an fp16 overflow (the scaler's business) or a non-finite step."""
+        if outcome.applied:
+            self.step += 1
+            self.bad_steps = 0
+        elif outcome.overflow:
+            self.overflow_steps += 1
+        else:
+            self.bad_steps += 1
+            self.skipped_steps += 1
+
+    def budget_left(self, t: TrainConfig) -> bool:
+        """Whether max_updates, max_epochs and max_minutes (0 = unlimited) all leave room."""
+        if t.max_updates and self.step >= t.max_updates:
+            return False
+        if t.max_epochs and self.epoch > t.max_epochs:
+            return False
+        return not (t.max_minutes and self.train_seconds >= 60 * t.max_minutes)
 
 
 class StopSignal:
@@ -227,7 +246,7 @@ class Trainer:
         # inner model in eval mode (validation restores it); a DDP/compile wrapper keeps its own flag.
         if not self.model.training:
             self.net.train()
-        loss_sum = nll_sum = 0.0
+        sums: list[torch.Tensor] = []  # (loss, nll) per micro-batch, read once: no host sync per micro-batch
         for i, batch in enumerate(batches):
             if self.device.type == "cuda":
                 batch = batch.pin_memory()  # pinned host memory makes the non_blocking copy truly async
@@ -239,39 +258,23 @@ class Trainer:
                 logits = self.net(batch.src_tokens, batch.prev_output_tokens)
                 loss, nll = label_smoothed_loss(logits, batch.target, opt.label_smoothing, PAD)
             self.precision.backward(loss * self.dist.world_size / max(ntokens, 1.0))
-            loss_sum += loss.item()
-            nll_sum += nll.item()
+            sums.append(torch.stack([loss.detach(), nll.detach()]))
         clip = opt.clip_norm if opt.clip_norm > 0 else math.inf
         grad_norm = self.precision.unscale_and_clip(self.optimizer, self.model.parameters(), clip)
+        loss_sum, nll_sum = torch.stack(sums).double().sum(0).tolist()  # after clip's own sync
         metrics = {"train/grad_norm": grad_norm, "train/lr": lr}
         if record_layers:  # per-layer grad norms and activation RMS: what LayerNorm would otherwise hide
             metrics.update({f"layers/{k}": v for k, v in layer_stats(self.model, recorder).items()})
         # Reduced before the step so every rank tells an fp16 overflow from a non-finite loss alike.
         loss_sum = distributed.all_reduce_sum(loss_sum, self.device) / max(ntokens, 1.0)
         nll_sum = distributed.all_reduce_sum(nll_sum, self.device) / max(ntokens, 1.0)
-        outcome = self.precision.step(self.optimizer, grad_norm, loss_finite=math.isfinite(loss_sum))
-        if outcome.applied:
-            self.state.step += 1
-            self.state.bad_steps = 0
-        elif outcome.overflow:
-            self.state.overflow_steps += 1
-        else:
-            self.state.bad_steps += 1
-            self.state.skipped_steps += 1
+        self.state.record(self.precision.step(self.optimizer, grad_norm, loss_finite=math.isfinite(loss_sum)))
         self.optimizer.zero_grad(set_to_none=True)
         if self.precision.scaling:
             metrics["train/loss_scale"] = self.precision.loss_scale
             metrics["train/overflow_steps"] = float(self.state.overflow_steps)
-        metrics.update(
-            {
-                "train/loss": loss_sum / math.log(2),  # bits per token, as fairseq reports
-                "train/nll_loss": nll_sum / math.log(2),
-                "train/ppl": 2 ** min(nll_sum / math.log(2), 100.0),
-                "train/ntokens": ntokens,
-                "train/skipped_steps": float(self.state.skipped_steps),
-            }
-        )
-        return metrics
+        metrics["train/skipped_steps"] = float(self.state.skipped_steps)
+        return {**metrics, **loss_metrics(loss_sum, nll_sum, ntokens)}
 
     def _check_finite(self) -> None:
         if self.state.bad_steps >= self.cfg.train.max_bad_steps:
@@ -342,17 +345,9 @@ class Trainer:
         every = self.cfg.train.save_every_epochs
         self.save(best=self._validate(), numbered_epoch=finished if every and finished % every == 0 else None)
 
-    def _budget_left(self) -> bool:
-        t = self.cfg.train
-        if t.max_updates and self.state.step >= t.max_updates:
-            return False
-        if t.max_epochs and self.state.epoch > t.max_epochs:
-            return False
-        return not (t.max_minutes and self.state.train_seconds >= 60 * t.max_minutes)
-
     def _should_stop(self, stop: StopSignal) -> bool:
         """Every rank must agree, or DDP would hang: stop if any rank wants to."""
-        local = 0.0 if self._budget_left() and stop.received is None else 1.0
+        local = 0.0 if self.state.budget_left(self.cfg.train) and stop.received is None else 1.0
         return distributed.all_reduce_sum(local, self.device) > 0
 
     def _validate(self) -> bool:
@@ -415,6 +410,17 @@ class Trainer:
             "run folder %s | %s | %.2fM params | device %s %s | %d rank(s)",
             self.run_dir, describe(self.cfg), n_params, self.device, self.precision.name, self.dist.world_size,
         )  # fmt: skip
+
+
+def loss_metrics(loss_sum: float, nll_sum: float, ntokens: float) -> dict[str, float]:
+    """Per-token losses in bits, as fairseq reports them (``*_sum`` are already per token)."""
+    bits = 1 / math.log(2)
+    return {
+        "train/loss": loss_sum * bits,
+        "train/nll_loss": nll_sum * bits,
+        "train/ppl": 2 ** min(nll_sum * bits, 100.0),
+        "train/ntokens": ntokens,
+    }
 
 
 def describe(cfg: Config) -> str:

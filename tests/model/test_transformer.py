@@ -12,6 +12,7 @@ from torch import nn
 from tests.conftest import PAD, VOCAB, random_batch, tiny_model
 from tfx.init import apply_init
 from tfx.model import Transformer, has_layer_norm
+from tfx.model.attention import KVCache
 from tfx.model.transformer import sinusoidal_table
 
 
@@ -47,8 +48,9 @@ def test_causal_mask_no_future_leakage() -> None:
     assert not torch.allclose(model(src, tgt)[:, 4:], model(src, changed)[:, 4:])
 
 
-@pytest.mark.parametrize("norm", ["none", "post", "pre"])
-def test_kv_cached_steps_equal_full_forward(norm: str) -> None:
+@pytest.mark.parametrize(("norm", "capacity"), [("none", 0), ("post", 6), ("pre", 2)])
+def test_kv_cached_steps_equal_full_forward(norm: str, capacity: int) -> None:
+    """Capacity 6 fits every step, 0 and 2 make the preallocated buffers grow."""
     torch.manual_seed(0)
     model = tiny_model(norm, enc=2, dec=3).eval()
     apply_init(model, "xavier")
@@ -56,23 +58,47 @@ def test_kv_cached_steps_equal_full_forward(norm: str) -> None:
     src, tgt = random_batch()
     full = model(src, tgt)  # (B, T, V)
     enc = model.encode(src)
-    state = model.new_decoder_state()
+    state = model.new_decoder_state(capacity)
     steps = [model.decode_step(tgt[:, t : t + 1], enc, state) for t in range(tgt.size(1))]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-10, rtol=1e-10)
 
 
-def test_reorder_follows_beam() -> None:
+@pytest.mark.parametrize("order", [[2, 0, 1], [1, 1]])
+def test_reorder_follows_beam(order: list[int]) -> None:
+    """Reorder a half-filled preallocated cache (and shrink it to 2 rows), then keep decoding."""
     torch.manual_seed(0)
-    model = tiny_model().eval()
+    model = tiny_model().eval().double()
     src, tgt = random_batch()
     enc = model.encode(src)
-    state = model.new_decoder_state()
+    state = model.new_decoder_state(capacity=6)
     model.decode_step(tgt[:, :1], enc, state)
-    order = torch.tensor([2, 0, 1])
-    state.reorder(order)
-    enc_reordered = type(enc)(enc.hidden[order], enc.padding_mask[order])
-    step = model.decode_step(tgt[order, 1:2], enc_reordered, state)
-    torch.testing.assert_close(step, model(src[order], tgt[order, :2])[:, -1], atol=1e-5, rtol=1e-4)
+    model.decode_step(tgt[:, 1:2], enc, state)
+    rows = torch.tensor(order)
+    state.reorder(rows)
+    enc_reordered = type(enc)(enc.hidden[rows], enc.padding_mask[rows])
+    step = model.decode_step(tgt[rows, 2:3], enc_reordered, state)
+    torch.testing.assert_close(step, model(src[rows], tgt[rows, :3])[:, -1], atol=1e-10, rtol=1e-10)
+
+
+def test_kv_cache_writes_in_place_and_reorders_only_what_is_filled() -> None:
+    """Appending writes into the one preallocated buffer (no per-step copy of the prefix)."""
+    cache = KVCache(capacity=4)
+    steps = [torch.full((2, 1, 1, 3), float(i)) for i in range(3)]
+    k, _ = cache.append(steps[0], -steps[0])
+    buffer = cache.k
+    for x in steps[1:]:
+        k, v = cache.append(x, -x)
+    assert cache.k is buffer and k.shape == (2, 1, 3, 3) and k.data_ptr() == buffer.data_ptr()
+    torch.testing.assert_close(v, -torch.cat(steps, dim=2))
+    cache.k[1, :, :3] += 10.0  # tell the two rows apart
+    cache.reorder(torch.tensor([1, 1, 0]))
+    k, _ = cache.keys_values()
+    assert cache.k.shape == (3, 1, 4, 3) and cache.length == 3
+    torch.testing.assert_close(k[2], torch.cat(steps, dim=2)[0])
+    torch.testing.assert_close(k[0], k[1])
+    k, _ = cache.append(torch.zeros(3, 1, 2, 3), torch.zeros(3, 1, 2, 3))  # past capacity: grows
+    assert k.shape == (3, 1, 5, 3) and cache.k.size(2) >= 5
+    torch.testing.assert_close(k[2, :, :3], torch.cat(steps, dim=2)[0])
 
 
 def test_embedding_sharing() -> None:

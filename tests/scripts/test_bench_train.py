@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -55,3 +56,41 @@ def test_tiny_run_prints_the_table_and_profile(bench: ModuleType, capsys: pytest
     assert int(tokens_per_update) == (128 // 8 * 8 + 128 // 12 * 12) // 2 and tokens_per_s > 0
     assert mfu.strip().endswith("%")
     assert "| matmul |" in out and "| optimizer + clipping |" in out
+
+
+FAIRSEQ_LOG = """\
+07:00 | INFO | train_inner | epoch 001: 10 / 130 loss=13.5, wps=55.5, ups=0.02, wpb=3575.2, num_updates=10
+07:00 | INFO | train_inner | epoch 001: 20 / 130 loss=13.3, wps=70.4, ups=0.02, wpb=3192.3, num_updates=20
+07:00 | INFO | train_inner | epoch 001: 25 / 130 loss=13.2, wps=80.0, ups=0.02, wpb=3000.0, num_updates=25
+2026-11-30 07:11:10 | INFO | train | epoch 001 | loss 13.4 | wps 65.1 | wpb 3300 | num_updates 25
+"""
+
+
+def test_fairseq_log_drops_the_first_interval(bench: ModuleType) -> None:
+    """Steady state: the tokens of updates 11..25 over their time, from each interval's wpb and wps."""
+    peer = bench.parse_fairseq_log(FAIRSEQ_LOG)
+    tokens, seconds = 3192.3 * 10 + 3000.0 * 5, 3192.3 * 10 / 70.4 + 3000.0 * 5 / 80.0
+    assert peer.updates == 15 and peer.tokens == pytest.approx(tokens)
+    assert peer.tokens_per_s == pytest.approx(tokens / seconds)
+    with pytest.raises(ValueError, match="1 train_inner line"):
+        bench.parse_fairseq_log(FAIRSEQ_LOG.splitlines()[0])
+
+
+def test_peer_run_prints_both_rates_and_the_ratio(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """--peer end to end with a stand-in for fairseq_peer.sh (it writes the log the real one would)."""
+    (tmp_path / "peer.log").write_text(FAIRSEQ_LOG)
+    script = tmp_path / "peer.sh"
+    script.write_text(f'[ "$1 $2" = "20 1" ] || exit 3\ncp {tmp_path}/peer.log "$FAIRSEQ_PEER_DIR/train.log"\n')
+    monkeypatch.setenv("FAIRSEQ_PEER_DIR", str(tmp_path))
+    argv = ["--experiment", "iwslt", "--device", "cpu", "--steps", "2", "--warmup", "1", "--threads", "1",
+            "--peer", "--peer-script", str(script), *TINY, "data=toy", f"data.cache_dir={tmp_path}/cache"]  # fmt: skip
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    tfx_rate = float(next(line for line in out.splitlines() if "| tfx |" in line).split("|")[-2])
+    peer = bench.parse_fairseq_log(FAIRSEQ_LOG).tokens_per_s
+    assert f"fairseq {peer:.0f}: ratio {tfx_rate / peer:.2f}x" in out.replace(f"tfx {tfx_rate:.0f} tgt tokens/s, ", "")
+    script.write_text("echo boom; exit 3\n")
+    with pytest.raises(RuntimeError, match="exited 3: boom"):
+        bench.main(argv)

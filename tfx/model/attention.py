@@ -11,7 +11,66 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-KVCache = dict[str, Tensor]
+
+class KVCache:
+    """One attention layer's keys and values while decoding step by step, (N, H, steps, Dh).
+
+    Self-attention appends each step into buffers allocated once for ``capacity`` steps, so a
+    step writes one column instead of copying the whole prefix (``torch.cat``); past
+    ``capacity`` the buffers double. Encoder-decoder attention stores the source's keys and
+    values once (``static``): they never change while decoding.
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = capacity
+        self.k: Tensor | None = None  # (N, H, capacity, Dh); valid up to ``length``
+        self.v: Tensor | None = None
+        self.length = 0
+
+    @property
+    def empty(self) -> bool:
+        return self.k is None
+
+    def keys_values(self) -> tuple[Tensor, Tensor]:
+        """The valid part: views (N, H, length, Dh) of the buffers."""
+        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+
+    def store(self, k: Tensor, v: Tensor) -> None:
+        """Keep ``k``/``v`` as they are (static: the encoder's)."""
+        self.k, self.v, self.length = k, v, k.size(2)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write new steps (N, H, t, Dh) after the valid part; returns all valid keys and values."""
+        end = self.length + k.size(2)
+        if self.k is None or end > self.k.size(2):
+            self._resize(max(end, self.capacity, 2 * self.length), k)
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.keys_values()
+
+    def _resize(self, steps: int, like: Tensor) -> None:
+        n, h, _, dh = like.shape
+        k, v = like.new_empty(n, h, steps, dh), like.new_empty(n, h, steps, dh)
+        if self.k is not None:
+            k[:, :, : self.length], v[:, :, : self.length] = self.keys_values()
+        self.k, self.v = k, v
+
+    def reorder(self, order: Tensor) -> None:
+        """Row i becomes row ``order[i]`` (beam search); only the valid part is copied."""
+        if self.k is None:
+            return
+        if self.k.size(2) == self.length:  # static, or a full buffer: one gather
+            self.k, self.v = self.k.index_select(0, order), self.v.index_select(0, order)
+            return
+        old_k, old_v = self.keys_values()
+        shape = (order.numel(), *self.k.shape[1:])
+        self.k, self.v = self.k.new_empty(shape), self.v.new_empty(shape)
+        for old, new in ((old_k, self.k), (old_v, self.v)):
+            if old.requires_grad:  # out= is not differentiable: gather, then copy
+                new[:, :, : self.length] = old.index_select(0, order)
+            else:  # decoding (inference mode): gather straight into the new buffer
+                torch.index_select(old, 0, order, out=new[:, :, : self.length])
 
 
 class MultiheadAttention(nn.Module):
@@ -37,16 +96,16 @@ class MultiheadAttention(nn.Module):
         ``static_kv`` (encoder-decoder attention): the source never changes, so its keys and
         values are computed on the first step only. Self-attention appends the new step.
         """
-        if cache is not None and static_kv and "k" in cache:
-            return cache["k"], cache["v"]
+        if cache is not None and static_kv and not cache.empty:
+            return cache.k, cache.v
         k = self._split_heads(self.k_proj(kv))
         v = self._split_heads(self.v_proj(kv))
-        if cache is not None:
-            if not static_kv and "k" in cache:
-                k = torch.cat([cache["k"], k], dim=2)
-                v = torch.cat([cache["v"], v], dim=2)
-            cache["k"], cache["v"] = k, v
-        return k, v
+        if cache is None:
+            return k, v
+        if static_kv:
+            cache.store(k, v)
+            return k, v
+        return cache.append(k, v)
 
     def forward(
         self,

@@ -64,21 +64,26 @@ class EncoderOut:
 
 @dataclass
 class DecoderState:
-    """Key/value caches for incremental decoding, one dict per decoder layer."""
+    """Key/value caches for incremental decoding, one ``{"self", "cross"}`` pair per decoder layer."""
 
     layers: list[dict[str, KVCache]]
     step: int = 0
 
     @classmethod
-    def empty(cls, n_layers: int) -> DecoderState:
-        return cls([{"self": {}, "cross": {}} for _ in range(n_layers)])
+    def empty(cls, n_layers: int, capacity: int = 0) -> DecoderState:
+        """``capacity``: the steps to preallocate self-attention caches for (they grow past it)."""
+        return cls([{"self": KVCache(capacity), "cross": KVCache()} for _ in range(n_layers)])
 
-    def reorder(self, order: Tensor) -> None:
-        """Follow beam search: keep cache row ``order[i]`` as row i."""
+    def reorder(self, order: Tensor, cross: bool = True) -> None:
+        """Follow beam search: keep cache row ``order[i]`` as row i.
+
+        ``cross=False`` leaves the encoder-decoder caches alone: right when ``order`` only moves
+        rows among the beams of one sentence, whose source keys and values are the same.
+        """
         for layer in self.layers:
-            for cache in layer.values():
-                for key, value in cache.items():
-                    cache[key] = value.index_select(0, order)
+            layer["self"].reorder(order)
+            if cross:
+                layer["cross"].reorder(order)
 
 
 class Encoder(nn.Module):
@@ -205,8 +210,9 @@ class Transformer(nn.Module):
         """Logits (B, V) for the next token, extending ``state``'s key/value caches."""
         return self.decoder(prev_tokens, encoder_out, state)[:, -1]
 
-    def new_decoder_state(self) -> DecoderState:
-        return DecoderState.empty(len(self.decoder.layers))
+    def new_decoder_state(self, capacity: int = 0) -> DecoderState:
+        """Empty caches; ``capacity`` = the most steps expected (preallocated, grown past it)."""
+        return DecoderState.empty(len(self.decoder.layers), capacity)
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V)."""
