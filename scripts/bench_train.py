@@ -35,7 +35,7 @@ Usage::
     python scripts/bench_train.py --experiment iwslt --compile off on          # GPU
     python scripts/bench_train.py --experiment iwslt --profile --device cpu --steps 3 model.encoder_layers=2
     python scripts/bench_train.py --experiment iwslt --device cpu --threads 1 --peer --warmup 2 --steps 10 \
-        data=multi30k train.precision=fp32                                 # tfx vs fairseq, same machine
+        data=multi30k data.local_dir=../shared/data/multi30k train.precision=fp32   # tfx vs fairseq
 """
 
 from __future__ import annotations
