@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.experimental.callback import Callback
 
 from tfx.checkpoint import RESUME_KEYS, CheckpointError, atomic_copy, atomic_save, load_checkpoint, weights_only_payload
 
@@ -117,7 +118,7 @@ def check_writable(folder: Path, what: str) -> None:
         ) from err
 
 
-class WritableRunDir:
+class WritableRunDir(Callback):
     """Hydra callback: refuse an unwritable run (or sweep) folder before Hydra writes its logs there.
 
     Hydra creates the folder and opens ``train.log`` before tfx code runs, so without this a

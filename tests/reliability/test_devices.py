@@ -29,6 +29,7 @@ def test_cli_missing_device_is_one_line(tmp_path: Path) -> None:
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in output, output[-2000:]
     assert "train.device=cuda:99: no such device on this machine; available: cpu" in output
+    assert "Warning" not in output, output[-2000:]  # e.g. Hydra warning about a callback hook we lack
 
 
 def test_translate_with_a_missing_device_is_one_line(tmp_path: Path, capsys) -> None:
