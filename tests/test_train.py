@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,22 +25,30 @@ from tfx.train import TrainingDiverged, train
 REPO = Path(__file__).resolve().parents[1]
 
 
-def tiny_cfg(tmp_path: Path, **train_kw) -> Config:
-    data = DataConfig(
-        source="toy", name="toy", toy_train_size=400, toy_valid_size=16, toy_test_size=16,
-        vocab_size=64, cache_dir=str(tmp_path / "cache"), max_tokens=300,
-    )  # fmt: skip
-    model = ModelConfig(
-        encoder_layers=2, decoder_layers=2, d_model=32, ffn_dim=64, heads=4,
-        dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, max_positions=64,
-    )  # fmt: skip
+def tiny_cfg(
+    tmp_path: Path,
+    data_kw: dict[str, Any] | None = None,
+    model_kw: dict[str, Any] | None = None,
+    optim_kw: dict[str, Any] | None = None,
+    **train_kw: Any,
+) -> Config:
+    """A 2+2-layer d32 T-Fixup run on the toy task; ``*_kw`` override single fields of each section."""
+    data = DataConfig(**{
+        "source": "toy", "name": "toy", "toy_train_size": 400, "toy_valid_size": 16, "toy_test_size": 16,
+        "vocab_size": 64, "cache_dir": str(tmp_path / "cache"), "max_tokens": 300, **(data_kw or {}),
+    })  # fmt: skip
+    model = ModelConfig(**{
+        "encoder_layers": 2, "decoder_layers": 2, "d_model": 32, "ffn_dim": 64, "heads": 4,
+        "dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0, "max_positions": 64,
+        **(model_kw or {}),
+    })  # fmt: skip
     train_cfg = TrainConfig(
         device="cpu", max_updates=12, progress=False, log_every_updates=2, layer_stats_every_updates=4,
         save_every_epochs=0, validate_every_updates=0, valid_max_sentences=8, threads=1,
     )  # fmt: skip
     train_cfg = dataclasses.replace(train_cfg, **train_kw)
-    return Config(experiment="test", data=data, model=model, init=InitConfig("tfixup"),
-                  optim=OptimConfig(lr=2e-3), train=train_cfg)  # fmt: skip
+    optim = OptimConfig(**{"lr": 2e-3, **(optim_kw or {})})
+    return Config(experiment="test", data=data, model=model, init=InitConfig("tfixup"), optim=optim, train=train_cfg)
 
 
 def test_tiny_run_trains_and_checkpoints(tmp_path: Path) -> None:
@@ -119,16 +128,21 @@ def test_non_finite_steps_are_skipped_then_stop(
         train(tiny_cfg(tmp_path, precision=precision, max_bad_steps=3), tmp_path / "run")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _ddp_worker(rank: int, cfg: Config, run_dir: str, port: int, out: str) -> None:
+def join_two_ranks(rank: int, port: int) -> None:
+    """The environment torchrun gives rank ``rank`` of 2 on this host (gloo on CPU)."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)
     )
+
+
+def _ddp_worker(rank: int, cfg: Config, run_dir: str, port: int, out: str) -> None:
+    join_two_ranks(rank, port)
     summary = train(cfg, Path(run_dir))
     torch.save(summary["losses"], f"{out}.{rank}")
 
@@ -142,7 +156,7 @@ def test_two_process_gloo_ddp_matches_single_process(tmp_path: Path) -> None:
     single_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, update_freq=2))
     single = train(single_cfg, tmp_path / "single")["losses"]
     out = str(tmp_path / "ddp_losses")
-    mp.spawn(_ddp_worker, args=(cfg, str(tmp_path / "ddp"), _free_port(), out), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(cfg, str(tmp_path / "ddp"), free_port(), out), nprocs=2, join=True)
     ddp = torch.load(f"{out}.0")
     assert ddp == pytest.approx(single, rel=1e-4)
     assert torch.load(f"{out}.1") == pytest.approx(ddp, rel=1e-6)  # every rank sees the global loss

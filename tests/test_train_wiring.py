@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +14,9 @@ import torch
 import torch.multiprocessing as mp
 
 import tfx.validate as validate_mod
+from tests.test_train import free_port, join_two_ranks, tiny_cfg
 from tfx.checkpoint import build_from_checkpoint, load_checkpoint
-from tfx.config import Config, DataConfig, InitConfig, ModelConfig, OptimConfig, TrainConfig
+from tfx.config import Config
 from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, collate, make_batches, prepare_data
 from tfx.init import apply_init
@@ -29,21 +28,11 @@ EPS = 0.3  # an unusual label-smoothing value: a trainer that ignores the config
 
 def wiring_cfg(tmp_path: Path, optim: dict[str, Any] | None = None, **train_kw: Any) -> Config:
     """A tiny dropout-free run on a 120-pair toy corpus (a few updates per epoch)."""
-    data = DataConfig(
-        source="toy", name="toy", toy_train_size=120, toy_valid_size=12, toy_test_size=4,
-        vocab_size=64, cache_dir=str(tmp_path / "cache"), max_tokens=300,
-    )  # fmt: skip
-    model = ModelConfig(
-        encoder_layers=2, decoder_layers=2, d_model=32, ffn_dim=64, heads=4,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_positions=64,
-    )  # fmt: skip
-    train_cfg = TrainConfig(
-        device="cpu", max_updates=4, progress=False, log_every_updates=1, layer_stats_every_updates=0,
-        save_every_epochs=0, validate_every_updates=0, valid_max_sentences=4, threads=1,
-    )  # fmt: skip
-    optim_cfg = OptimConfig(lr=2e-3, label_smoothing=EPS, **(optim or {}))
-    return Config(experiment="wiring", data=data, model=model, init=InitConfig("tfixup"), optim=optim_cfg,
-                  train=dataclasses.replace(train_cfg, **train_kw))  # fmt: skip
+    no_dropout = {"dropout": 0.0}
+    data = {"toy_train_size": 120, "toy_valid_size": 12, "toy_test_size": 4}
+    defaults = {"max_updates": 4, "log_every_updates": 1, "layer_stats_every_updates": 0, "valid_max_sentences": 4}
+    cfg = tiny_cfg(tmp_path, data, no_dropout, {"label_smoothing": EPS, **(optim or {})}, **{**defaults, **train_kw})
+    return dataclasses.replace(cfg, experiment="wiring")
 
 
 def reference_first_update(cfg: Config, world_size: int = 1) -> dict[str, float]:
@@ -183,16 +172,8 @@ def test_validate_every_minutes_validates_when_due(tmp_path: Path) -> None:
 # --- DDP: 2 gloo processes -------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _first_update_worker(rank: int, cfg: Config, run_dir: str, port: int, out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)
-    )
+    join_two_ranks(rank, port)
     seen: list[dict[str, float]] = []
     train(cfg, Path(run_dir), on_update=record_updates(seen))
     torch.save(seen[0], f"{out}.{rank}")
@@ -206,7 +187,7 @@ def test_two_process_ddp_first_gradient_is_the_global_token_mean(tmp_path: Path)
     cfg = wiring_cfg(tmp_path, max_updates=1)
     prepare_data(cfg.data, seed=cfg.train.seed)  # fill the cache before the ranks start
     out = str(tmp_path / "first")
-    mp.spawn(_first_update_worker, args=(cfg, str(tmp_path / "ddp"), _free_port(), out), nprocs=2, join=True)
+    mp.spawn(_first_update_worker, args=(cfg, str(tmp_path / "ddp"), free_port(), out), nprocs=2, join=True)
     ref = reference_first_update(cfg, world_size=2)
     for rank in (0, 1):
         metrics = torch.load(f"{out}.{rank}", weights_only=True)

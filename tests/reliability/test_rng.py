@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import tfx.distributed
 from tests.reliability.helpers import tiny_cfg, with_changes
-from tests.test_train import _free_port
+from tests.test_train import free_port
 from tfx.checkpoint import load_checkpoint
 from tfx.train import Trainer, train
 
@@ -79,7 +79,7 @@ def test_ddp_ranks_start_identical_draw_their_own_dropout_and_resume_their_own_s
     cfg = tiny_cfg(tmp_path, layer_stats_every_updates=0)
     cfg = with_changes(cfg, model={"dropout": 0.3})
     out = str(tmp_path / "rank")
-    mp.spawn(_rank_worker, args=(cfg, str(tmp_path / "run"), (_free_port(), _free_port()), out), nprocs=2, join=True)
+    mp.spawn(_rank_worker, args=(cfg, str(tmp_path / "run"), (free_port(), free_port()), out), nprocs=2, join=True)
     ranks = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])  # the init is seeded alike on every rank
     assert not torch.equal(ranks[0]["probe"], ranks[1]["probe"])  # dropout is not
