@@ -32,7 +32,7 @@ import torch
 
 from tfx.bleu import add_scoring_args
 from tfx.checkpoint import CheckpointError, atomic_save, load_checkpoint
-from tfx.translate import USER_ERRORS, add_decoding_args, check_decoding_args
+from tfx.translate import add_decoding_args, check_decoding_args, run_reporting_errors
 
 NUMBERED = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # checkpoint_<epoch>_<step>.pt, written by tfx.train
 
@@ -136,16 +136,20 @@ def windows(paths: Sequence[Path], k: int, candidates: int = 0) -> list[list[Pat
 
 
 def best_window(
-    paths: Sequence[Path], k: int, score: Callable[[dict[str, Any]], float], candidates: int = 0
+    paths: Sequence[Path],
+    k: int,
+    score: Callable[[dict[str, Any]], float],
+    candidates: int = 0,
+    first_loaded: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[tuple[list[Path], float]]]:
     """(the average of the best-scoring window, every window with its score), ``score`` being higher-is-better.
 
-    Each checkpoint is loaded once: the window slides over a queue of ``k`` loaded models. Ties go
-    to the earlier window, as in the reference's strict ``>`` comparison.
+    Each checkpoint is loaded once (``first_loaded``: the first window's first checkpoint, if the
+    caller has it already): the window slides over a queue of ``k`` loaded models. Ties go to the
+    earlier window, as in the reference's strict ``>`` comparison.
     """
-    chosen = windows(paths, k, candidates)
-    start = paths.index(chosen[0][0])
-    first = (paths[start], load_checkpoint(paths[start]))
+    start = paths.index(windows(paths, k, candidates)[0][0])
+    first = (paths[start], first_loaded if first_loaded is not None else load_checkpoint(paths[start]))
     loaded: deque[dict[str, Any]] = deque(maxlen=k)
     results: list[tuple[list[Path], float]] = []
     best: tuple[float, dict[str, Any]] | None = None
@@ -202,8 +206,9 @@ def choose_window(args: argparse.Namespace) -> dict[str, Any]:
     from tfx.evaluate import valid_scorer
 
     paths = numbered_checkpoints(checkpoint_dir(args.run_dir))
-    windows(paths, args.best_window, args.candidates)  # fail on too few checkpoints before reading data
-    score = valid_scorer(load_checkpoint(paths[0]), args)
+    first = windows(paths, args.best_window, args.candidates)[0][0]  # too few checkpoints fail before any read
+    first_loaded = load_checkpoint(first)
+    score = valid_scorer(first_loaded, args)
 
     def reported(ckpt: dict[str, Any]) -> float:
         value = score(ckpt)
@@ -212,26 +217,23 @@ def choose_window(args: argparse.Namespace) -> dict[str, Any]:
             print(f"window {names[0]} .. {names[-1]}: valid score {value:.2f}", file=sys.stderr)
         return value
 
-    avg, _ = best_window(paths, args.best_window, reported, args.candidates)
+    avg, _ = best_window(paths, args.best_window, reported, args.candidates, first_loaded)
     return avg
+
+
+def average_and_save(args: argparse.Namespace) -> None:
+    if args.best_window is not None:
+        avg = choose_window(args)
+    else:
+        avg = average_checkpoints(args.inputs if args.inputs is not None else last_checkpoints(args.run_dir, args.last))
+    atomic_save(avg, args.output)
+    paths = [Path(p) for p in avg["averaged_from"]]
+    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {args.output}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        if args.best_window is not None:
-            avg = choose_window(args)
-        else:
-            avg = average_checkpoints(
-                args.inputs if args.inputs is not None else last_checkpoints(args.run_dir, args.last)
-            )
-        atomic_save(avg, args.output)
-    except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    paths = [Path(p) for p in avg["averaged_from"]]
-    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {args.output}")
-    return 0
+    return run_reporting_errors(lambda: average_and_save(args))
 
 
 if __name__ == "__main__":

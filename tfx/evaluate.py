@@ -26,7 +26,7 @@ from tfx.average import average_checkpoints, checkpoint_dir, last_checkpoints
 from tfx.bleu import add_scoring_args, score_all
 from tfx.checkpoint import CheckpointError, atomic_save, build_from_checkpoint, git_sha
 from tfx.config import DataConfig
-from tfx.data import DataError, Tokenizer, prepare_data, read_parallel_text
+from tfx.data import DataError, prepare_data, read_parallel_text
 from tfx.data.sources import find_text_file
 from tfx.distributed import resolve_device
 from tfx.translate import (
@@ -158,12 +158,11 @@ def valid_scorer(first: dict[str, Any], args: argparse.Namespace) -> Callable[[d
     """Checkpoint dict -> headline score (``score_all``) of its translation of the run's valid split.
 
     For ``tfx.average --best-window``: ``first`` (any checkpoint of the run) gives the data config
-    and tokenizer, so the split is read once for all windows.
+    and tokenizer, so the split is read and the model built once for all windows.
     """
     device = resolve_device(args.device, setting="--device")
-    config = first["config"]
+    model, tokenizer, config = build_from_checkpoint(first, device)
     cfg = data_config(config, args.data_dir)
-    tokenizer = Tokenizer.from_bytes(first["spm_model"])
     src, refs = split_texts(cfg, "valid", config.get("train", {}).get("seed", 1), tokenizer)
     if args.valid_max_sentences:
         src, refs = src[: args.valid_max_sentences], refs[: args.valid_max_sentences]
@@ -171,7 +170,7 @@ def valid_scorer(first: dict[str, Any], args: argparse.Namespace) -> Callable[[d
         raise DataError("the run's valid split has no sentences to choose a window with")
 
     def score(ckpt: dict[str, Any]) -> float:
-        model, tokenizer, _ = build_from_checkpoint(ckpt, device)
+        model.load_state_dict(ckpt["model"])  # windows of one run share the architecture and vocabulary
         hyps = translate_with_args(model, tokenizer, src, args, device, progress=False)
         return score_all(hyps, refs, cfg.tgt_lang, args, cfg.tokenized, refs_tokenized=cfg.tokenized)[-1].score
 
