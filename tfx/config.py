@@ -74,6 +74,10 @@ class DataConfig:
     num_workers: int = 0  # threads for sentencepiece training and encoding (0 = all cores)
 
     def __post_init__(self) -> None:
+        if self.source == "hub" and self.local_dir:
+            # the offline override of the hub experiments (+experiment=multi30k data.local_dir=DIR): decided
+            # here, once, so training, resume, tfx.evaluate and the checkpoint's config agree on what was read
+            self.source = "local"
         _require(self.source in DATA_SOURCES, f"data.source={self.source!r}: use one of {DATA_SOURCES}")
         _require(self.src_lang != self.tgt_lang, "data.src_lang and data.tgt_lang must differ")
         _require(self.vocab_size > 0, "data.vocab_size must be positive")

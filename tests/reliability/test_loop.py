@@ -16,6 +16,7 @@ from tests.reliability.test_resume_compat import write_corpus
 from tests.test_config import load
 from tfx.checkpoint import load_checkpoint
 from tfx.data import DataError, prepare_data
+from tfx.evaluate import data_config
 from tfx.train import train
 
 
@@ -76,3 +77,12 @@ def test_multi30k_reads_data_local_dir_instead_of_the_hub(tmp_path: Path, monkey
     overrides = ["+experiment=multi30k", f"data.local_dir={corpus}", f"data.cache_dir={tmp_path}", "data.vocab_size=64"]
     prepared = prepare_data(load(overrides).data, splits=("train", "valid"))
     assert prepared.splits["valid"].src_text == (corpus / "valid.de").read_text().splitlines()
+
+
+def test_a_hub_run_trained_on_local_files_evaluates_with_data_dir(tmp_path: Path) -> None:
+    """The checkpoint records what was read (source=local), so tfx.evaluate --data-dir accepts the run."""
+    corpus = write_corpus(tmp_path / "corpus", tiny_cfg(tmp_path).data)
+    data = load(["+experiment=multi30k", f"data.local_dir={corpus}"]).data
+    assert data.source == "local"
+    moved = data_config({"data": dataclasses.asdict(data)}, tmp_path / "moved")
+    assert moved.source == "local" and moved.local_dir == str(tmp_path / "moved")

@@ -36,13 +36,13 @@ def check_split(split: str) -> None:
 def load_split(cfg: DataConfig, split: str, seed: int = 1) -> Texts:
     """Source and target sentences of ``split`` from ``cfg.source``.
 
-    ``data.local_dir`` set on a hub dataset reads its text files instead: the offline override of
-    the hub experiments (``+experiment=multi30k data.local_dir=DIR``).
+    ``data.local_dir`` set on a hub dataset reads its text files instead: ``DataConfig`` turns such
+    a config into ``source=local`` (the offline override of the hub experiments).
     """
     check_split(split)
     if cfg.source == "toy":
         return toy_split(cfg, split, seed)
-    if cfg.source == "local" or (cfg.source == "hub" and cfg.local_dir):
+    if cfg.source == "local":
         return local_split(cfg, split)
     if cfg.source == "hub":
         return hub_split(cfg, split)
