@@ -56,7 +56,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without `pip install -e .`
 from tfx.config import Config, register_configs  # noqa: E402
 from tfx.criterion import label_smoothed_loss  # noqa: E402
-from tfx.data import PAD, collate, make_batches, prepare_data  # noqa: E402
+from tfx.data import BOS, PAD, collate, make_batches, prepare_data  # noqa: E402
 from tfx.init import apply_init  # noqa: E402
 from tfx.model import Transformer, build_model  # noqa: E402
 from tfx.optim import build_optimizer, lr_at, set_lr  # noqa: E402
@@ -65,7 +65,6 @@ from tfx.precision import Precision  # noqa: E402
 CONF = Path(__file__).resolve().parents[1] / "conf"
 PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "fairseq_peer.sh"
 PEER_LOG_INTERVAL = 10  # fairseq_peer.sh's --log-interval
-BOS = 2  # collate's decoder-input prefix; any id >= 4 would do for timing
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s from NVIDIA's data sheets; first match of the
 # device name wins, so the more specific names come first. V100/T4 have no bf16: their fp16 peak.
@@ -269,15 +268,14 @@ def measure(cfg: Config, args: argparse.Namespace, compile_model: bool) -> tuple
     for i in range(args.warmup):  # compiles every length bucket, warms allocator and kernels
         bench.step(*batches[i % len(batches)])
     sync(device)
+    timed = [batches[(args.warmup + i if args.real_data else i) % len(batches)] for i in range(args.steps)]
     tic = time.perf_counter()
-    tokens = flops = 0.0
-    for i in range(args.steps):
-        src, prev, target, ntokens = batches[(args.warmup + i if args.real_data else i) % len(batches)]
-        bench.step(src, prev, target, ntokens)
-        tokens += ntokens
-        flops += step_flops(bench.model, cfg.model.d_model, args.vocab, src, target)
+    for batch in timed:
+        bench.step(*batch)
     sync(device)
     seconds = time.perf_counter() - tic
+    tokens = sum(ntokens for *_, ntokens in timed)
+    flops = sum(step_flops(bench.model, cfg.model.d_model, args.vocab, src, target) for src, _, target, _ in timed)
     peak = peak_tflops(device, args.peak_tflops)
     tflops = flops / seconds / 1e12
     result = Result(
