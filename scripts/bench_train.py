@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from tfx.config import Config, register_configs  # noqa: E402
 from tfx.criterion import label_smoothed_loss  # noqa: E402
 from tfx.data import BOS, PAD, collate, make_batches, prepare_data  # noqa: E402
+from tfx.distributed import DeviceError, resolve_device  # noqa: E402
 from tfx.init import apply_init  # noqa: E402
 from tfx.model import Transformer, build_model  # noqa: E402
 from tfx.optim import build_optimizer, lr_at, set_lr  # noqa: E402
@@ -347,7 +348,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.encoder_layers=2 train.precision=fp16")
     p.add_argument("--experiment", default="iwslt")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     p.add_argument("--compile", nargs="+", choices=["off", "on"], default=["off"], help="one row each")
     p.add_argument("--compile-backend", default="inductor", help="eager: trace only (a quick dry run on CPU)")
     p.add_argument("--steps", type=int, default=30, help="timed updates")
@@ -400,6 +401,10 @@ def peer_comparison(cfg: Config, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:  # a missing GPU is one line, not a traceback; children get the concrete name
+        args.device = str(resolve_device(args.device, setting="--device"))
+    except DeviceError as err:
+        sys.exit(f"error: {err}")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     overrides = [*args.overrides, f"train.device={args.device}"]

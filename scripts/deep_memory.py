@@ -50,6 +50,7 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tfx.criterion import label_smoothed_loss  # noqa: E402
 from tfx.diagnostics import random_tokens  # noqa: E402
+from tfx.distributed import DeviceError, resolve_device  # noqa: E402
 from tfx.init import apply_init  # noqa: E402
 from tfx.model import Transformer  # noqa: E402
 
@@ -202,7 +203,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--length", type=int, default=32, help="tokens per sentence, each side")
     p.add_argument("--steps", type=int, default=2, help="forward/backward passes; the fastest is reported")
     p.add_argument("--threads", type=int, default=1, help="1 is steadiest on a shared machine")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     p.add_argument("--default-malloc", action="store_true", help="keep glibc's default mmap threshold")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
     p.add_argument("--build", action="store_true", help="time build + init of 200+200 models instead")
@@ -220,6 +221,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:  # a missing GPU is one line, not a traceback; children get the concrete name
+        args.device = str(resolve_device(args.device, setting="--device"))
+    except DeviceError as err:
+        sys.exit(f"error: {err}")
     if args.measure:
         print(json.dumps(measure(args)))
         return 0

@@ -98,3 +98,8 @@ def test_peer_run_prints_both_rates_and_the_ratio(
     script.write_text("echo boom; exit 3\n")
     with pytest.raises(RuntimeError, match="exited 3: boom"):
         bench.main(argv)
+
+
+def test_a_missing_device_is_one_line(bench: ModuleType) -> None:
+    with pytest.raises(SystemExit, match=r"error: --device=cuda:99: no such device on this machine; available: cpu"):
+        bench.main(["--device", "cuda:99"])

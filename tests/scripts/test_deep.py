@@ -121,3 +121,8 @@ def test_deep_check_script_trains_the_deep_experiment(tmp_path) -> None:
 def test_deep_check_script_needs_an_output_folder() -> None:
     result = subprocess.run(["bash", str(REPO / "scripts" / "deep_check.sh")], capture_output=True, text=True)
     assert result.returncode == 2 and "usage:" in result.stderr
+
+
+def test_memory_script_missing_device_is_one_line(deep_memory: ModuleType) -> None:
+    with pytest.raises(SystemExit, match=r"error: --device=tpu: no such device on this machine"):
+        deep_memory.main(["--device", "tpu"])
