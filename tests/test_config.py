@@ -111,6 +111,8 @@ def test_public_knobs_override() -> None:
     [
         (["model.d_model=100", "model.heads=3"], "divisible"),
         (["model.norm=post"], "tfixup needs model.norm=none"),
+        (["method=deepnorm", "init=tfixup"], "init.name=tfixup needs model.norm=none"),
+        (["model.norm=deepnorm", "init=admin"], "init.name=admin needs model.norm=admin"),
         (["model.norm=sideways", "init=xavier"], "model.norm"),
         (["init.name=fixup"], "init.name"),
         (["optim.name=sgd"], "optim.name='sgd': use one of"),
@@ -131,3 +133,45 @@ def test_typo_and_wrong_type_fail() -> None:
         load(["model.encoder_layer=3"])
     with pytest.raises((ConfigCompositionException, ValidationError)):
         load(["model.encoder_layers=many"])
+
+
+METHODS = {  # method -> (model.norm, init.name, warmup on the toy budget, warmup at IWSLT scale)
+    "tfixup": ("none", "tfixup", 0, 0),
+    "xavier_noln": ("none", "xavier", 0, 0),
+    "preln": ("pre", "xavier", 0, 0),
+    "postln": ("post", "xavier", 100, 4000),
+    "deepnorm": ("deepnorm", "deepnorm", 100, 4000),
+    "admin": ("admin", "admin", 100, 4000),
+}
+
+
+def test_every_method_has_a_config() -> None:
+    assert {p.stem for p in (CONF / "method").glob("*.yaml")} == set(METHODS)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_method_sets_norm_init_and_schedule(method: str) -> None:
+    norm, init, toy_warmup, iwslt_warmup = METHODS[method]
+    toy, iwslt = load([f"method={method}"]), load(["+experiment=iwslt", f"method={method}"])
+    assert (toy.model.norm, toy.init.name, toy.optim.warmup_updates) == (norm, init, toy_warmup)
+    assert (iwslt.model.norm, iwslt.init.name, iwslt.optim.warmup_updates) == (norm, init, iwslt_warmup)
+    assert (toy.optim.lr, iwslt.optim.lr, iwslt.data.name) == (2e-3, 5e-4, "iwslt17")  # the budget stays
+
+
+def test_default_run_is_method_tfixup() -> None:
+    assert load([]) == load(["method=tfixup"])
+
+
+def test_experiments_set_their_method_and_overrides_still_win() -> None:
+    assert load(["+experiment=iwslt_postln"]).optim.warmup_updates == 4000
+    assert load(["+experiment=multi30k_postln"]).optim.warmup_updates == 100
+    assert load(["+experiment=multi30k", "method=deepnorm"]).optim.warmup_updates == 100
+    assert load(["+experiment=iwslt14_reference"]).optim.name == "radam"  # the method leaves the optimizer alone
+    cfg = load(["+experiment=iwslt", "init=xavier", "model.norm=post", "optim.warmup_updates=10"])
+    assert (cfg.init.name, cfg.model.norm, cfg.optim.warmup_updates) == ("xavier", "post", 10)
+    assert load(["+experiment=iwslt", "optim=adam_warmup"]).optim.warmup_updates == 4000  # a named warmup stays
+
+
+def test_bad_method_names_the_choices() -> None:
+    with pytest.raises(ConfigCompositionException, match="Could not find 'method/bogus'"):
+        load(["method=bogus"])

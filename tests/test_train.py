@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import socket
@@ -30,6 +31,7 @@ def tiny_cfg(
     data_kw: dict[str, Any] | None = None,
     model_kw: dict[str, Any] | None = None,
     optim_kw: dict[str, Any] | None = None,
+    init: str = "tfixup",
     **train_kw: Any,
 ) -> Config:
     """A 2+2-layer d32 T-Fixup run on the toy task; ``*_kw`` override single fields of each section."""
@@ -48,7 +50,7 @@ def tiny_cfg(
     )  # fmt: skip
     train_cfg = dataclasses.replace(train_cfg, **train_kw)
     optim = OptimConfig(**{"lr": 2e-3, **(optim_kw or {})})
-    return Config(experiment="test", data=data, model=model, init=InitConfig("tfixup"), optim=optim, train=train_cfg)
+    return Config(experiment="test", data=data, model=model, init=InitConfig(init), optim=optim, train=train_cfg)
 
 
 def test_tiny_run_trains_and_checkpoints(tmp_path: Path) -> None:
@@ -71,6 +73,18 @@ def test_tiny_run_trains_and_checkpoints(tmp_path: Path) -> None:
                        last["model"]["encoder.embedding.embed.weight"])  # fmt: skip
     # Adam's moments are 2/3 of the last checkpoint's tensors (the rest is the sentencepiece model).
     assert numbered[1].stat().st_size < 0.7 * (ckpts / "checkpoint_last.pt").stat().st_size
+
+
+@pytest.mark.parametrize("method", ["deepnorm", "admin"])
+def test_method_trains_a_few_updates(tmp_path: Path, method: str) -> None:
+    """DeepNorm and Admin at 3+3 layers through the trainer (Admin profiles its first batch): loss falls."""
+    cfg = tiny_cfg(
+        tmp_path, model_kw={"norm": method, "encoder_layers": 3, "decoder_layers": 3},
+        optim_kw={"warmup_updates": 4}, init=method, max_updates=16,
+    )  # fmt: skip
+    losses = train(cfg, tmp_path / "run")["losses"]
+    assert len(losses) == 16 and all(math.isfinite(v) for v in losses)
+    assert sum(losses[-4:]) / 4 < 0.9 * sum(losses[:4]) / 4
 
 
 def test_resuming_from_a_weights_only_checkpoint_is_refused(tmp_path: Path) -> None:

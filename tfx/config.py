@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfx.init import SCHEMES, check_fits
+from tfx.model.residual import RESIDUALS
 from tfx.optim import OPTIMIZERS
 
-NORMS = ("none", "post", "pre")
-INIT_NAMES = ("xavier", "tfixup", "component_wise")
 DATA_SOURCES = ("toy", "local", "hub")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # tfx/precision.py says what each does
 
@@ -116,7 +116,7 @@ class ModelConfig:
     d_model: int = 512  # embedding / residual width
     ffn_dim: int = 1024  # FFN hidden width
     heads: int = 4  # attention heads (d_model % heads == 0)
-    norm: str = "none"  # LayerNorm placement: none | post | pre
+    norm: str = "none"  # residual kind (tfx/model/residual.py): none | post | pre | deepnorm | admin
     dropout: float = 0.3  # dropout on embeddings, residual branches
     attention_dropout: float = 0.1  # dropout on attention probabilities
     activation_dropout: float = 0.1  # dropout after the FFN ReLU
@@ -132,7 +132,7 @@ class ModelConfig:
             self.d_model % self.heads == 0,
             f"model.d_model={self.d_model} must be divisible by model.heads={self.heads}",
         )
-        _require(self.norm in NORMS, f"model.norm={self.norm!r}: use one of {NORMS}")
+        _require(self.norm in RESIDUALS, f"model.norm={self.norm!r}: use one of {tuple(RESIDUALS)}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"model.{name}={value} must be in [0, 1)")
@@ -142,10 +142,10 @@ class ModelConfig:
 class InitConfig:
     """Which initialization scheme to apply after building the model."""
 
-    name: str = "tfixup"  # xavier | tfixup | component_wise
+    name: str = "tfixup"  # tfx/init/: xavier | tfixup | component_wise | deepnorm | admin
 
     def __post_init__(self) -> None:
-        _require(self.name in INIT_NAMES, f"init.name={self.name!r}: use one of {INIT_NAMES}")
+        _require(self.name in SCHEMES, f"init.name={self.name!r}: use one of {tuple(SCHEMES)}")
 
 
 @dataclass
@@ -157,7 +157,8 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.98)  # Adam betas
     eps: float = 1e-8  # Adam epsilon
     weight_decay: float = 1e-4  # decoupled weight decay: p -= lr * weight_decay * p
-    warmup_updates: int = 0  # linear warmup length; 0 = T-Fixup's no-warmup schedule
+    warmup_updates: int = 0  # linear warmup length; 0 = T-Fixup's no-warmup schedule (conf/method/ sets it)
+    budget_warmup: int = 4000  # the warmup_updates of a method that warms up (postln, deepnorm, admin) at this budget
     warmup_init_lr: float = 1e-7  # lr at update 0 when warming up
     decay_offset: int = 4000  # no-warmup inverse-sqrt: lr * sqrt(offset / (offset + t))
     clip_norm: float = 0.0  # gradient-norm clipping; 0 = off
@@ -167,6 +168,7 @@ class OptimConfig:
         _require(self.name in OPTIMIZERS, f"optim.name={self.name!r}: use one of {tuple(OPTIMIZERS)}")
         _require(self.lr > 0, "optim.lr must be positive")
         _require(self.warmup_updates >= 0, "optim.warmup_updates must be >= 0")
+        _require(self.budget_warmup >= 1, "optim.budget_warmup must be >= 1")
         _require(0.0 <= self.label_smoothing < 1.0, "optim.label_smoothing must be in [0, 1)")
         _require(self.clip_norm >= 0, "optim.clip_norm must be >= 0 (0 = off)")
 
@@ -218,11 +220,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        _require(
-            not (self.init.name == "tfixup" and self.model.norm != "none"),
-            f"init.name=tfixup needs model.norm=none (got {self.model.norm!r}): "
-            "T-Fixup replaces LayerNorm; use init=xavier for a LayerNorm model",
-        )
+        check_fits(self.init.name, self.model.norm)
 
 
 def register_configs() -> None:

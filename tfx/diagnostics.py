@@ -20,6 +20,7 @@ import argparse
 import math
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from torch import Tensor, nn
 from tfx.config import ModelConfig
 from tfx.init import SCHEMES, apply_init
 from tfx.model import Transformer, build_model
+from tfx.model.residual import RESIDUALS
 
 PAD_ID = 0  # tfx.data.vocab.PAD; not imported so the CLI stays free of the data stack
 
@@ -243,7 +245,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--d-model", type=int, default=defaults.d_model)
     p.add_argument("--ffn-dim", type=int, default=defaults.ffn_dim)
     p.add_argument("--heads", type=int, default=defaults.heads)
-    p.add_argument("--norm", default=defaults.norm, help="none | post | pre")
+    p.add_argument("--norm", default=defaults.norm, help=" | ".join(RESIDUALS))
     p.add_argument("--init", default="tfixup", help=" | ".join(SCHEMES))
     p.add_argument("--vocab", type=int, default=1000)
     p.add_argument("--batch", type=int, default=8)
@@ -253,8 +255,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _build(args: argparse.Namespace) -> Transformer:
-    """Model from CLI settings via the same config checks training uses; ValueError on a bad combo."""
+def _build(args: argparse.Namespace, src: Tensor, prev: Tensor) -> Transformer:
+    """Model from CLI settings via the same config checks training uses; ValueError on a bad combo.
+    ``src``/``prev`` are the batch a data-dependent init (Admin) profiles."""
     fields: dict[str, Any] = dict(
         encoder_layers=args.encoder_layers,
         decoder_layers=args.decoder_layers,
@@ -266,17 +269,18 @@ def _build(args: argparse.Namespace) -> Transformer:
     if args.vocab <= 4:
         raise ValueError(f"--vocab={args.vocab} must exceed the 4 special ids")
     model = build_model(ModelConfig(**fields), vocab_size=args.vocab, pad_id=PAD_ID)
-    apply_init(model, args.init, seed=args.seed)  # T-Fixup raises on a model with LayerNorm
+    batch = SimpleNamespace(src_tokens=src, prev_output_tokens=prev)
+    apply_init(model, args.init, seed=args.seed, batch=batch)  # T-Fixup raises on a model with LayerNorm
     return model
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
-        model = _build(args)
         gen = torch.Generator().manual_seed(args.seed)
-        src = random_tokens(args.batch, args.src_len, args.vocab, model.pad_id, gen)
-        prev = random_tokens(args.batch, args.tgt_len, args.vocab, model.pad_id, gen)
+        src = random_tokens(args.batch, args.src_len, args.vocab, PAD_ID, gen)
+        prev = random_tokens(args.batch, args.tgt_len, args.vocab, PAD_ID, gen)
+        model = _build(args, src, prev)
         report = init_report(model, src, prev)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

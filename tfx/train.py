@@ -136,7 +136,9 @@ class Trainer:
         random.seed(cfg.train.seed)
         self.corpus = self._prepare_data()
         self.model: Transformer = build_model(cfg.model, self.corpus.tokenizer.vocab_size, PAD)
-        apply_init(self.model, cfg.init.name, seed=cfg.train.seed)
+        if self.ckpts.resume_path(cfg.train.resume) is None:
+            apply_init(self.model, cfg.init.name, seed=cfg.train.seed, batch=self._first_batch())
+        # else every weight (Admin's omega too) comes from the checkpoint: nothing to init or profile
         if self.dist.rank > 0:
             torch.manual_seed(cfg.train.seed + DROPOUT_SEED_STRIDE * self.dist.rank)
         self.model.to(self.device)
@@ -298,12 +300,18 @@ class Trainer:
         self.progress.close()
         return self._finish(stop)
 
-    def _epoch_batches(self) -> list:
+    def _epoch_batches(self, epoch: int | None = None, rank: int | None = None) -> list:
         """This rank's batches of the current epoch (a pure function of seed, epoch and rank)."""
         return make_batches(
             self.corpus.splits["train"], self.cfg.data.max_tokens, self.cfg.data.max_sentences, shuffle=True,
-            seed=self.cfg.train.seed, epoch=self.state.epoch, rank=self.dist.rank, world_size=self.dist.world_size,
+            seed=self.cfg.train.seed, epoch=self.state.epoch if epoch is None else epoch,
+            rank=self.dist.rank if rank is None else rank, world_size=self.dist.world_size,
         )  # fmt: skip
+
+    def _first_batch(self) -> Batch:
+        """The first training batch of rank 0, for schemes that profile the model (Admin): the same
+        on every rank, so every rank initializes the same weights."""
+        return collate(self.corpus.splits["train"], self._epoch_batches(epoch=1, rank=0)[0])
 
     def _update(self, batches: list) -> None:
         """One update from the next ``update_freq`` batches, then the hook, logs and progress."""

@@ -5,8 +5,10 @@ import math
 import pytest
 import torch
 
-from tests.conftest import tiny_model
+from tests.conftest import random_batch, tiny_model
+from tfx.data import Batch
 from tfx.init import (
+    NEEDS_NORM,
     SCHEMES,
     apply_init,
     tfixup_decoder_scale,
@@ -15,6 +17,16 @@ from tfx.init import (
 )
 from tfx.init.xavier import token_embeddings
 from tfx.model import MultiheadAttention, has_layer_norm
+
+
+def toy_batch(seed: int = 0) -> Batch:
+    src, tgt = random_batch(seed=seed)
+    return Batch(src, src.ne(0).sum(1), tgt, tgt, int(tgt.numel()), list(range(len(src))))
+
+
+def scheme_norm(name: str) -> str:
+    """A residual kind the scheme accepts (component_wise is meant for LayerNorm models)."""
+    return NEEDS_NORM.get(name, "post" if name == "component_wise" else "none")
 
 
 def xavier_std(w: torch.Tensor) -> float:
@@ -91,11 +103,10 @@ def test_tfixup_refuses_layer_norm(norm: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(SCHEMES))
 def test_schemes_are_deterministic_per_seed(name: str) -> None:
-    norm = "post" if name == "component_wise" else "none"
-    a, b, c = (tiny_model(norm, share_decoder_embeddings=False) for _ in range(3))
-    apply_init(a, name, seed=5)
-    apply_init(b, name, seed=5)
-    apply_init(c, name, seed=6)
+    a, b, c = (tiny_model(scheme_norm(name), share_decoder_embeddings=False) for _ in range(3))
+    apply_init(a, name, seed=5, batch=toy_batch())
+    apply_init(b, name, seed=5, batch=toy_batch())
+    apply_init(c, name, seed=6, batch=toy_batch())
     for (n, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         assert torch.equal(pa, pb), n
     assert not torch.equal(a.encoder.layers[0].ffn.fc1.weight, c.encoder.layers[0].ffn.fc1.weight)
@@ -147,7 +158,8 @@ DEC_SCALED = (*ENC_SCALED, "encoder_attn.v_proj", "encoder_attn.out_proj")
 
 
 def test_unknown_scheme_is_named_with_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"init.name='bogus': use one of \['component_wise', 'tfixup', 'xavier'\]"):
+    names = r"\['admin', 'component_wise', 'deepnorm', 'tfixup', 'xavier'\]"
+    with pytest.raises(ValueError, match=rf"init.name='bogus': use one of {names}"):
         apply_init(tiny_model(), "bogus")
 
 
@@ -180,10 +192,9 @@ def test_component_wise_attention_gains() -> None:
 @pytest.mark.parametrize("name", sorted(SCHEMES))
 def test_default_seed_is_one(name: str) -> None:
     """``apply_init`` and every scheme default to seed 1 (the trainer's ``train.seed`` default)."""
-    norm = "post" if name == "component_wise" else "none"
-    a, b, c = tiny_model(norm), tiny_model(norm), tiny_model(norm)
-    apply_init(a, name)
-    SCHEMES[name](b)
-    apply_init(c, name, seed=1)
+    a, b, c = (tiny_model(scheme_norm(name)) for _ in range(3))
+    apply_init(a, name, batch=toy_batch())
+    SCHEMES[name](b, batch=toy_batch())
+    apply_init(c, name, seed=1, batch=toy_batch())
     for (key, x), y, z in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values(), strict=True):
         assert torch.equal(x, z) and torch.equal(y, z), key

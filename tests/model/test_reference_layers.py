@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
 
 from tfx.model import EncoderLayer
+from tfx.model.residual import make_residual
 
 
 def _copy_into_torch(ours: EncoderLayer, ref: nn.TransformerEncoderLayer) -> None:
@@ -25,7 +28,8 @@ def _copy_into_torch(ours: EncoderLayer, ref: nn.TransformerEncoderLayer) -> Non
 def test_encoder_layer_matches_torch(norm: str, norm_first: bool) -> None:
     torch.manual_seed(0)
     d, heads, ffn = 32, 4, 64
-    ours = EncoderLayer(d, heads, ffn, norm, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0).eval()
+    residual = functools.partial(make_residual, norm, d, 0.0, "encoder", 1, 1)
+    ours = EncoderLayer(d, heads, ffn, residual, attention_dropout=0.0, activation_dropout=0.0).eval()
     for p in ours.parameters():  # non-trivial LayerNorm and bias values
         nn.init.normal_(p, std=0.3)
     ref = nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, batch_first=True, norm_first=norm_first).eval()

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from tfx.init.xavier import init_xavier
+from tfx.init.xavier import ModelInputs, init_xavier
 from tfx.model import FeedForward, MultiheadAttention, Transformer
 
 
@@ -33,7 +33,7 @@ def _init_ffn(ffn: FeedForward) -> None:
     nn.init.xavier_uniform_(ffn.fc2.weight, gain=0.8)
 
 
-def init_component_wise(model: Transformer, seed: int = 1) -> None:
+def init_component_wise(model: Transformer, seed: int = 1, batch: ModelInputs | None = None) -> None:
     init_xavier(model, seed)  # biases 0, embeddings N(0, d^-1/2)
     for module in model.modules():
         if isinstance(module, MultiheadAttention):

@@ -23,9 +23,7 @@ says). q/k only set the initial attention temperature and do not enter T-Fixup's
 
 from __future__ import annotations
 
-import torch
-
-from tfx.init.xavier import init_xavier
+from tfx.init.xavier import ModelInputs, init_xavier, scale_, value_path_weights
 from tfx.model import Transformer, has_layer_norm
 
 
@@ -44,13 +42,7 @@ def tfixup_embedding_scale(n_layers: int) -> float:
     return (9 * n_layers) ** -0.25
 
 
-def _scale(weights: list[torch.Tensor], factor: float) -> None:
-    with torch.no_grad():
-        for w in weights:
-            w.mul_(factor)
-
-
-def init_tfixup(model: Transformer, seed: int = 1) -> None:
+def init_tfixup(model: Transformer, seed: int = 1, batch: ModelInputs | None = None) -> None:
     if has_layer_norm(model):
         raise ValueError(
             f"init.name=tfixup needs a LayerNorm-free model (model.norm=none), got model.norm={model.norm!r}"
@@ -58,24 +50,10 @@ def init_tfixup(model: Transformer, seed: int = 1) -> None:
     init_xavier(model, seed)
     n_enc, n_dec = len(model.encoder.layers), len(model.decoder.layers)
     for layer in model.encoder.layers:
-        weights = [
-            layer.self_attn.v_proj.weight,
-            layer.self_attn.out_proj.weight,
-            layer.ffn.fc1.weight,
-            layer.ffn.fc2.weight,
-        ]
-        _scale(weights, tfixup_encoder_scale(n_enc))
+        scale_(value_path_weights(layer), tfixup_encoder_scale(n_enc))
     for layer in model.decoder.layers:
-        weights = [
-            layer.self_attn.v_proj.weight,
-            layer.self_attn.out_proj.weight,
-            layer.encoder_attn.v_proj.weight,
-            layer.encoder_attn.out_proj.weight,
-            layer.ffn.fc1.weight,
-            layer.ffn.fc2.weight,
-        ]
-        _scale(weights, tfixup_decoder_scale(n_dec))
+        scale_(value_path_weights(layer), tfixup_decoder_scale(n_dec))
     enc_embed, dec_embed = model.encoder.embedding.embed, model.decoder.embedding.embed
-    _scale([enc_embed.weight], tfixup_embedding_scale(n_enc))
+    scale_([enc_embed.weight], tfixup_embedding_scale(n_enc))
     if dec_embed is not enc_embed:
-        _scale([dec_embed.weight], tfixup_embedding_scale(n_dec))
+        scale_([dec_embed.weight], tfixup_embedding_scale(n_dec))

@@ -8,10 +8,19 @@ the T-Fixup paper states, so that no later scheme has to undo a hidden gain.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
-from tfx.model import Transformer
+from tfx.model import DecoderLayer, EncoderLayer, Transformer
+
+
+class ModelInputs(Protocol):
+    """What a data-dependent scheme (Admin) runs the model on: a ``tfx.data.Batch`` or anything alike."""
+
+    src_tokens: torch.Tensor  # (B, S)
+    prev_output_tokens: torch.Tensor  # (B, T)
 
 
 def embedding_std(d_model: int) -> float:
@@ -32,7 +41,21 @@ def token_embeddings(model: Transformer) -> list[nn.Embedding]:
     return [enc] if enc is dec else [enc, dec]
 
 
-def init_xavier(model: Transformer, seed: int = 1) -> None:
+def value_path_weights(layer: EncoderLayer | DecoderLayer) -> list[torch.Tensor]:
+    """v_proj and out_proj of every attention in the layer, fc1 and fc2: the weights T-Fixup and
+    DeepNorm scale (q/k only set attention temperatures and are left alone)."""
+    attns = [layer.self_attn] + ([layer.encoder_attn] if isinstance(layer, DecoderLayer) else [])
+    weights = [w for a in attns for w in (a.v_proj.weight, a.out_proj.weight)]
+    return weights + [layer.ffn.fc1.weight, layer.ffn.fc2.weight]
+
+
+def scale_(weights: list[torch.Tensor], factor: float) -> None:
+    with torch.no_grad():
+        for w in weights:
+            w.mul_(factor)
+
+
+def init_xavier(model: Transformer, seed: int = 1, batch: ModelInputs | None = None) -> None:
     torch.manual_seed(seed)
     for module in model.modules():
         if isinstance(module, nn.Linear):

@@ -7,7 +7,7 @@ from typing import Any
 
 from tfx.model.attention import MultiheadAttention
 from tfx.model.layers import DecoderLayer, EncoderLayer, FeedForward
-from tfx.model.norm import NORM_PLACEMENTS, has_layer_norm
+from tfx.model.residual import RESIDUALS, has_layer_norm
 from tfx.model.transformer import DecoderState, EncoderOut, Transformer
 
 
@@ -18,13 +18,13 @@ def build_model(model_cfg: Any, vocab_size: int, pad_id: int) -> Transformer:
 
 
 __all__ = [
-    "NORM_PLACEMENTS",
     "DecoderLayer",
     "DecoderState",
     "EncoderLayer",
     "EncoderOut",
     "FeedForward",
     "MultiheadAttention",
+    "RESIDUALS",
     "Transformer",
     "build_model",
     "has_layer_norm",

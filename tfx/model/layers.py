@@ -1,12 +1,20 @@
-"""Encoder and decoder layers: attention and FFN branches inside ``Residual`` blocks."""
+"""Encoder and decoder layers: attention and FFN sublayers, each inside its residual connection.
+
+The residual kind (``tfx.model.residual``) comes in as a factory, so a layer reads the same for
+every method: ``x = self.self_attn_block(x, lambda h: self.self_attn(h, h, ...))``.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tfx.model.attention import KVCache, MultiheadAttention
-from tfx.model.norm import Residual
+from tfx.model.residual import Residual
+
+ResidualFactory = Callable[[], Residual]  # a fresh residual connection for this layer's stack
 
 
 class FeedForward(nn.Module):
@@ -28,16 +36,15 @@ class EncoderLayer(nn.Module):
         d_model: int,
         heads: int,
         ffn_dim: int,
-        norm: str,
-        dropout: float,
+        residual: ResidualFactory,
         attention_dropout: float,
         activation_dropout: float,
     ) -> None:
         super().__init__()
         self.self_attn = MultiheadAttention(d_model, heads, attention_dropout)
         self.ffn = FeedForward(d_model, ffn_dim, activation_dropout)
-        self.self_attn_block = Residual(d_model, norm, dropout)
-        self.ffn_block = Residual(d_model, norm, dropout)
+        self.self_attn_block = residual()
+        self.ffn_block = residual()
 
     def forward(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
         x = self.self_attn_block(x, lambda h: self.self_attn(h, h, key_padding_mask=padding_mask))
@@ -50,8 +57,7 @@ class DecoderLayer(nn.Module):
         d_model: int,
         heads: int,
         ffn_dim: int,
-        norm: str,
-        dropout: float,
+        residual: ResidualFactory,
         attention_dropout: float,
         activation_dropout: float,
     ) -> None:
@@ -59,9 +65,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = MultiheadAttention(d_model, heads, attention_dropout)
         self.encoder_attn = MultiheadAttention(d_model, heads, attention_dropout)
         self.ffn = FeedForward(d_model, ffn_dim, activation_dropout)
-        self.self_attn_block = Residual(d_model, norm, dropout)
-        self.encoder_attn_block = Residual(d_model, norm, dropout)
-        self.ffn_block = Residual(d_model, norm, dropout)
+        self.self_attn_block = residual()
+        self.encoder_attn_block = residual()
+        self.ffn_block = residual()
 
     def forward(
         self,

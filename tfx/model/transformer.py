@@ -1,6 +1,6 @@
 """The encoder-decoder Transformer (Vaswani et al. 2017; fairseq ``transformer_iwslt_de_en``).
 
-Leaf modules live in ``attention.py``, ``layers.py`` and ``norm.py``; this file
+Leaf modules live in ``attention.py``, ``layers.py`` and ``residual.py``; this file
 assembles them. Token embeddings are scaled by sqrt(d_model) as in fairseq, so
 T-Fixup's embedding factors mean what they mean in the reference implementation.
 Tensors are batch-first: (B, T, D).
@@ -8,6 +8,7 @@ Tensors are batch-first: (B, T, D).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tfx.model.attention import KVCache
 from tfx.model.layers import DecoderLayer, EncoderLayer
-from tfx.model.norm import final_norm
+from tfx.model.residual import final_norm, make_residual
 
 
 def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
@@ -143,8 +144,9 @@ class Decoder(nn.Module):
 class Transformer(nn.Module):
     """Encoder-decoder Transformer over one joint vocabulary.
 
-    ``norm`` places LayerNorm: ``none`` (T-Fixup; no LayerNorm module exists),
-    ``post`` (Vaswani et al.) or ``pre`` (adds a final LayerNorm to each stack).
+    ``norm`` is the residual kind (``tfx.model.residual.RESIDUALS``): ``none`` (T-Fixup; no
+    LayerNorm module exists), ``post``, ``pre`` (adds a final LayerNorm to each stack),
+    ``deepnorm`` or ``admin``.
     """
 
     def __init__(
@@ -173,24 +175,26 @@ class Transformer(nn.Module):
             d_model=d_model,
             heads=heads,
             ffn_dim=ffn_dim,
-            norm=norm,
-            dropout=dropout,
             attention_dropout=attention_dropout,
             activation_dropout=activation_dropout,
         )
+        # DeepNorm's skip weight depends on the side and both depths: the factory knows them.
+        residual = functools.partial(make_residual, norm, d_model, dropout, n_enc=encoder_layers, n_dec=decoder_layers)
         enc_embed = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         dec_embed = enc_embed if share_all_embeddings else nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         tied = share_decoder_embeddings or share_all_embeddings
+        enc_residual = functools.partial(residual, side="encoder")
+        dec_residual = functools.partial(residual, side="decoder")
         self.encoder = Encoder(
             TokenEmbedding(enc_embed, max_positions, dropout),
-            [EncoderLayer(**layer_args) for _ in range(encoder_layers)],
-            final_norm(d_model, norm),
+            [EncoderLayer(residual=enc_residual, **layer_args) for _ in range(encoder_layers)],
+            final_norm(norm, d_model),
             pad_id,
         )
         self.decoder = Decoder(
             TokenEmbedding(dec_embed, max_positions, dropout),
-            [DecoderLayer(**layer_args) for _ in range(decoder_layers)],
-            final_norm(d_model, norm),
+            [DecoderLayer(residual=dec_residual, **layer_args) for _ in range(decoder_layers)],
+            final_norm(norm, d_model),
             None if tied else nn.Linear(d_model, vocab_size, bias=False),
         )
         self.set_activation_checkpointing(checkpoint_activations)
