@@ -139,9 +139,9 @@ METHODS = {  # method -> (model.norm, init.name, warmup on the toy budget, warmu
     "tfixup": ("none", "tfixup", 0, 0),
     "xavier_noln": ("none", "xavier", 0, 0),
     "preln": ("pre", "xavier", 0, 0),
-    "postln": ("post", "xavier", 100, 4000),
-    "deepnorm": ("deepnorm", "deepnorm", 100, 4000),
-    "admin": ("admin", "admin", 100, 4000),
+    "postln": ("post", "xavier", 400, 4000),
+    "deepnorm": ("deepnorm", "deepnorm", 400, 4000),
+    "admin": ("admin", "admin", 400, 4000),
 }
 
 

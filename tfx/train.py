@@ -136,9 +136,9 @@ class Trainer:
         random.seed(cfg.train.seed)
         self.corpus = self._prepare_data()
         self.model: Transformer = build_model(cfg.model, self.corpus.tokenizer.vocab_size, PAD)
+        # A resumed run reads every weight (Admin's omega too) from its checkpoint: no init, no profiling.
         if self.ckpts.resume_path(cfg.train.resume) is None:
             apply_init(self.model, cfg.init.name, seed=cfg.train.seed, batch=self._first_batch())
-        # else every weight (Admin's omega too) comes from the checkpoint: nothing to init or profile
         if self.dist.rank > 0:
             torch.manual_seed(cfg.train.seed + DROPOUT_SEED_STRIDE * self.dist.rank)
         self.model.to(self.device)
