@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 MIN_LOSS_SCALE = 1e-4  # fairseq's default --min-loss-scale: overflowing below it means the gradients are inf
 
@@ -63,11 +64,13 @@ class StepOutcome:
 class Precision:
     """Autocast + loss scaling for one device; ``train_step`` calls only this for precision."""
 
-    def __init__(self, precision: str, device: torch.device) -> None:
+    def __init__(self, precision: str, device: torch.device, sharded: bool = False) -> None:
         self.device = device
         self.dtype = autocast_dtype(precision, device)
-        # Disabled (a pass-through) unless fp16; its state_dict is then empty.
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype is torch.float16)
+        # Disabled (a pass-through) unless fp16; its state_dict is then empty. Under FSDP each rank
+        # unscales only its shards: ShardedGradScaler all-reduces "found inf" so all skip alike.
+        scaler = ShardedGradScaler if sharded else torch.amp.GradScaler
+        self.scaler = scaler(device.type, enabled=self.dtype is torch.float16)
 
     @property
     def name(self) -> str:
@@ -94,7 +97,8 @@ class Precision:
     ) -> float:
         """Divide the gradients by the loss scale (first, so the clip threshold means what it says), then clip.
 
-        Returns the total norm before clipping (non-finite on overflow).
+        Returns the total norm before clipping (non-finite on overflow). With FSDP's ``DTensor``
+        gradients the norm is reduced over all shards: the global norm, the same on every rank.
         """
         self.scaler.unscale_(optimizer)  # a no-op when disabled
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
