@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import tfx.train as train_mod
@@ -19,7 +22,8 @@ from tfx.config import Config
 from tfx.data import prepare_data
 from tfx.model import build_model
 from tfx.optim import build_optimizer
-from tfx.sharding import _indexed, _named
+from tfx.precision import Precision
+from tfx.sharding import _indexed, _named, load_state_dicts, local_tensor, shard, state_dicts
 from tfx.train import TrainingDiverged, train
 
 LAYER_NORM_KEYS = ("layers/enc/grad_norm/000", "layers/dec/grad_norm/001")
@@ -72,6 +76,29 @@ def _poisoned_on_rank_1(rank: int, cfg: Config, run_dir: Path) -> tuple[str, lis
     return "did not stop", seen["loss_scale"]
 
 
+@contextlib.contextmanager
+def overflow_at_first_update(on_rank: int) -> Iterator[None]:
+    """One inf in ``on_rank``'s shard of the first update's gradients (all of them in one process).
+
+    A real fp16 overflow rarely hits every shard: only the sharded scaler's all-reduce of "found
+    inf" makes every rank skip that update and halve its scale, not just the rank that saw it.
+    """
+    real = Precision.unscale_and_clip
+    updates = []
+
+    def inject(self, optimizer, params, max_norm):
+        if not updates and int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == on_rank:
+            local_tensor(optimizer.param_groups[0]["params"][0].grad).view(-1)[0] = float("inf")
+        updates.append(1)
+        return real(self, optimizer, params, max_norm)
+
+    Precision.unscale_and_clip = inject
+    try:
+        yield
+    finally:
+        Precision.unscale_and_clip = real
+
+
 def as_srun_task(rank: int, port: int) -> None:
     """The environment srun gives task ``rank`` of a 2-task step on this host (no torchrun variables)."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
@@ -89,7 +116,8 @@ def _fsdp_worker(rank: int, cfgs: dict[str, Config], root: str, ports: list[int]
         join_two_ranks(rank, ports.pop())
         out[name] = _run(cfgs[name], runs / f"fsdp_{name}")
     as_srun_task(rank, ports.pop())  # ranks from SLURM's variables, as under hydra/launcher=slurm
-    out["fp16"] = _run(cfgs["fp16"], runs / "fsdp_fp16")
+    with overflow_at_first_update(on_rank=0):
+        out["fp16"] = _run(cfgs["fp16"], runs / "fsdp_fp16")
     join_two_ranks(rank, ports.pop())
     out["first"] = _run(cfgs["half"], runs / "fsdp_resumed")
     join_two_ranks(rank, ports.pop())
@@ -130,14 +158,16 @@ def test_two_fsdp_ranks_match_one_process_and_their_checkpoints_load_anywhere(tm
     assert fsdp["bf16"]["loss"] == pytest.approx(bf16_one_shard["loss"], rel=1e-3)
     bf16_plain = _run(_with(cfgs["bf16"], strategy="ddp", update_freq=4), tmp_path / "bf16_plain")
     assert bf16_one_shard["loss"] == pytest.approx(bf16_plain["loss"], rel=1e-3)  # bf16 weights vs bf16 autocast
-    fp16_single = _run(_with(cfgs["fp16"], strategy="ddp", update_freq=2), tmp_path / "fp16_single")
+    with overflow_at_first_update(on_rank=0):
+        fp16_single = _run(_with(cfgs["fp16"], strategy="ddp", update_freq=2), tmp_path / "fp16_single")
     assert fsdp["fp16"]["loss"] == pytest.approx(fp16_single["loss"], rel=1e-3)
-    assert fsdp["fp16"]["loss_scale"] == fp16_single["loss_scale"] == ranks[1]["fp16"]["loss_scale"]
+    assert len(fp16_single["loss"]) == 4 and fp16_single["loss_scale"] == [2.0**15] * 4  # update 0 skipped
+    assert fsdp["fp16"]["loss_scale"] == ranks[1]["fp16"]["loss_scale"] == fp16_single["loss_scale"]
 
     assert fsdp["first"]["loss"] + fsdp["second"]["loss"] == fsdp["full"]["loss"]  # resume is exact
     assert ranks[0]["poisoned"] == ranks[1]["poisoned"]  # the same error, and the same halved loss scale
     assert "2 consecutive non-finite steps at update 0" in ranks[0]["poisoned"][0]
-    assert ranks[0]["poisoned"][1] == [fsdp["fp16"]["loss_scale"][0] / 2]
+    assert ranks[0]["poisoned"][1] == [2.0**15]  # the initial 2**16, halved
 
     _check_gathered_checkpoints(tmp_path, cfg)
 
@@ -180,3 +210,25 @@ def test_optimizer_state_names_and_indices_round_trip(tmp_path: Path) -> None:
     again = _indexed(named)
     assert again["param_groups"] == state["param_groups"]
     assert all(again["state"][i]["exp_avg"] is s["exp_avg"] for i, s in state["state"].items())
+
+
+def test_an_optimizer_without_state_is_saved_and_loaded_without_stepping_it(tmp_path: Path) -> None:
+    """torch's state-dict functions would step a stateless optimizer once (lr 0) to create its state:
+    Adam's step count would start at 1 after a checkpoint written before the first applied update."""
+    cpu = torch.device("cpu")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        cfg = tiny_cfg(tmp_path)
+        model = build_model(cfg.model, 40, 0)
+        shard(model, cpu, bf16=False)
+        optimizer = build_optimizer(model, cfg.optim, cpu)
+        model_state, optim_state = state_dicts(model, optimizer)
+        assert not optimizer.state and optim_state["state"] == {}
+        assert optim_state["param_groups"][0]["params"] == list(range(len(list(model.parameters()))))
+        key = "decoder.layers.1.ffn.fc2.weight"
+        saved = model_state[key].clone()  # loading puts the shards into the dict it is given
+        load_state_dicts(model, optimizer, model_state, optim_state)
+        assert not optimizer.state
+        assert torch.equal(state_dicts(model, optimizer)[0][key], saved)
+    finally:
+        dist.destroy_process_group()

@@ -121,7 +121,6 @@ def unsharded(model: nn.Module, build: Callable[[], nn.Module], device: torch.de
     return copy
 
 
-
 def state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model, optimizer) state dicts in the single-process format; under FSDP every rank must call it.
 
@@ -130,7 +129,11 @@ def state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dic
     """
     if not is_sharded(model):
         return model.state_dict(), optimizer.state_dict()
-    model_state, optim_state = get_state_dict(model, optimizer, options=StateDictOptions(**_FULL))
+    options = StateDictOptions(**_FULL)
+    if not optimizer.state:  # no update applied yet: nothing to gather (see _no_state_yet)
+        main = dist.get_rank() == 0
+        return get_model_state_dict(model, options=options), optimizer.state_dict() if main else {}
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     return model_state, _indexed(optim_state) if optim_state else {}
 
 
@@ -146,7 +149,16 @@ def load_state_dicts(
     main = dist.get_rank() == 0  # the others' dicts are not read: they receive rank 0's tensors
     # Two calls: set_state_dict would skip the model on ranks whose (unused) model dict is empty.
     set_model_state_dict(model, model_state if main else {}, options=options)
-    set_optimizer_state_dict(model, optimizer, _named(model, optimizer, optim_state) if main else {}, options=options)
+    if optim_state["state"]:  # every rank reads the file, so all agree (empty: see _no_state_yet)
+        named = _named(model, optimizer, optim_state) if main else {}
+        set_optimizer_state_dict(model, optimizer, named, options=options)
+
+
+# _no_state_yet: torch.distributed.checkpoint's state-dict functions first create the state of an
+# optimizer that has none by stepping it once with zero gradients and lr 0. Adam's step count then
+# starts at 1, and every later bias correction differs from an uninterrupted run. So an optimizer
+# without state (a checkpoint written before the first applied update, e.g. after a skipped one)
+# is saved as torch saves it and not loaded at all.
 
 
 def _indexed(state: dict[str, Any]) -> dict[str, Any]:
