@@ -32,9 +32,3 @@ def test_set_lr_sets_every_group() -> None:
     opt = torch.optim.AdamW([{"params": [a]}, {"params": [b]}], lr=1.0)
     set_lr(opt, 0.25)
     assert [g["lr"] for g in opt.param_groups] == [0.25, 0.25]
-
-
-def test_unfused_on_request() -> None:
-    """FSDP with fp16 asks for foreach kernels (tfx.optim.adam says why)."""
-    group = build_optimizer(tiny_model(), CFG, torch.device("cpu"), fused=False).param_groups[0]
-    assert (group["fused"], group["foreach"]) == (None, True)

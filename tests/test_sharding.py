@@ -80,8 +80,8 @@ def _poisoned_on_rank_1(rank: int, cfg: Config, run_dir: Path) -> tuple[str, lis
 def overflow_at_first_update(on_rank: int) -> Iterator[None]:
     """One inf in ``on_rank``'s shard of the first update's gradients (all of them in one process).
 
-    A real fp16 overflow rarely hits every shard: only the sharded scaler's all-reduce of "found
-    inf" makes every rank skip that update and halve its scale, not just the rank that saw it.
+    A real fp16 overflow rarely hits every shard: only a reduction of the scaler's "found inf" over
+    ranks (torch's DTensor does it) makes every rank skip that update and halve its scale.
     """
     real = Precision.unscale_and_clip
     updates = []
@@ -132,7 +132,7 @@ def test_two_fsdp_ranks_match_one_process_and_their_checkpoints_load_anywhere(tm
     """Two gloo ranks with train.strategy=fsdp against one process with update_freq=2 (the same
     batches per update, as the DDP test): fp32 with activation checkpointing, clipping and layer
     stats; bf16 with update_freq 2 (against one shard: both all-gather bf16 weights); fp16 with
-    the sharded loss scaler (ranks from srun's variables). Then resume, the non-finite skip,
+    an overflow in one rank's shard (ranks from srun's variables). Then resume, the non-finite skip,
     translate/average/single-process resume of the gathered checkpoints."""
     cfg = _cfg(tmp_path, strategy="fsdp")
     prepare_data(cfg.data, seed=cfg.train.seed)  # fill the cache before the ranks start

@@ -63,22 +63,14 @@ def _kwargs(cfg: OptimConfig) -> dict:
     return dict(lr=lr_at(0, cfg), betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
-def adam(
-    params: list[nn.Parameter], cfg: OptimConfig, device: torch.device, fused: bool = True
-) -> torch.optim.Optimizer:
-    """AdamW (decoupled weight decay, as fairseq's Adam): fused kernels where the device has them.
-
-    ``fused=False``: FSDP with fp16, whose ``ShardedGradScaler`` hands fused kernels a found-inf
-    tensor of shape (1,) where they expect a scalar (torch 2.13: a shape error at the first step).
-    """
-    if fused and device.type in FUSED_ADAM_DEVICES:
+def adam(params: list[nn.Parameter], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW (decoupled weight decay, as fairseq's Adam): fused kernels where the device has them."""
+    if device.type in FUSED_ADAM_DEVICES:
         return torch.optim.AdamW(params, fused=True, **_kwargs(cfg))
     return torch.optim.AdamW(params, foreach=True, **_kwargs(cfg))
 
 
-def radam(
-    params: list[nn.Parameter], cfg: OptimConfig, device: torch.device, fused: bool = True
-) -> torch.optim.Optimizer:
+def radam(params: list[nn.Parameter], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
     """RAdam with decoupled weight decay, the update the T-Fixup reference code ran (module docstring).
 
     torch has no fused RAdam kernel; foreach is its fastest path on every device.
@@ -87,15 +79,13 @@ def radam(
 
 
 # The one registry of optimizer names: tfx.config validates ``optim.name`` against its keys.
-OPTIMIZERS: dict[str, Callable[[list[nn.Parameter], OptimConfig, torch.device, bool], torch.optim.Optimizer]] = {
+OPTIMIZERS: dict[str, Callable[[list[nn.Parameter], OptimConfig, torch.device], torch.optim.Optimizer]] = {
     "adam": adam,
     "radam": radam,
 }
 
 
-def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, device: torch.device, fused: bool = True
-) -> torch.optim.Optimizer:
-    """The optimizer ``cfg.name`` over the model's trainable parameters (fused kernels unless ``fused=False``)."""
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer ``cfg.name`` over the model's trainable parameters."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return OPTIMIZERS[cfg.name](params, cfg, device, fused)
+    return OPTIMIZERS[cfg.name](params, cfg, device)

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 MIN_LOSS_SCALE = 1e-4  # fairseq's default --min-loss-scale: overflowing below it means the gradients are inf
 
@@ -64,13 +63,11 @@ class StepOutcome:
 class Precision:
     """Autocast + loss scaling for one device; ``train_step`` calls only this for precision."""
 
-    def __init__(self, precision: str, device: torch.device, sharded: bool = False) -> None:
+    def __init__(self, precision: str, device: torch.device) -> None:
         self.device = device
         self.dtype = autocast_dtype(precision, device)
-        # Disabled (a pass-through) unless fp16; its state_dict is then empty. Under FSDP each rank
-        # unscales only its shards: ShardedGradScaler all-reduces "found inf" so all skip alike.
-        scaler = ShardedGradScaler if sharded else torch.amp.GradScaler
-        self.scaler = scaler(device.type, enabled=self.dtype is torch.float16)
+        # Disabled (a pass-through) unless fp16; its state_dict is then empty.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype is torch.float16)
 
     @property
     def name(self) -> str:
@@ -97,8 +94,10 @@ class Precision:
     ) -> float:
         """Divide the gradients by the loss scale (first, so the clip threshold means what it says), then clip.
 
-        Returns the total norm before clipping (non-finite on overflow). With FSDP's ``DTensor``
-        gradients the norm is reduced over all shards: the global norm, the same on every rank.
+        Returns the total norm before clipping (non-finite on overflow). Under FSDP the gradients are
+        ``DTensor`` shards: the norm is reduced over all of them (the global norm, the same on every
+        rank), and so is the scaler's "found inf" (torch's DTensor takes the max over ranks), so
+        every rank skips an update that overflowed in any shard.
         """
         self.scaler.unscale_(optimizer)  # a no-op when disabled
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))

@@ -9,8 +9,10 @@ arithmetic). Parameters become ``DTensor``s sharded on dim 0; the optimizer is b
 - bf16: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: layers all-gather bf16
   copies of the fp32 shards and reduce gradients in fp32 (the forward still autocasts, so the
   loss and softmax stay fp32).
-- fp16: fp32 weights and fp16 autocast as without FSDP; ``ShardedGradScaler``
-  (``tfx.precision``) all-reduces "found inf" so every rank skips the same updates.
+- fp16: fp32 weights, fp16 autocast and ``torch.amp.GradScaler`` as without FSDP: on ``DTensor``
+  gradients its "found inf" is reduced over ranks (torch does it), so every rank skips the same
+  updates. (FSDP1's ``ShardedGradScaler`` would all-reduce it a second time, and it breaks fused
+  Adam: its found-inf tensor has shape (1,) where the fused kernel expects a scalar.)
 - Gradient accumulation: no reduce-scatter on non-final micro-batches (``sync``); each layer then
   keeps its unsharded gradient until the last one (full-size gradients in memory meanwhile).
 - Clipping: ``clip_grad_norm_`` on ``DTensor`` gradients reduces the per-shard norms, so the

@@ -142,12 +142,10 @@ class Trainer:
         if self.dist.rank > 0:
             torch.manual_seed(cfg.train.seed + DROPOUT_SEED_STRIDE * self.dist.rank)
         self.model.to(self.device)
-        fsdp = cfg.train.strategy == "fsdp"
-        self.precision = Precision(cfg.train.precision, self.device, sharded=fsdp)
-        if fsdp:  # before the optimizer, which must hold the sharded parameters
+        self.precision = Precision(cfg.train.precision, self.device)
+        if cfg.train.strategy == "fsdp":  # before the optimizer, which must hold the sharded parameters
             sharding.shard(self.model, self.device, self.precision.bf16)
-        fused = not (fsdp and self.precision.scaling)  # tfx.optim.adam says why
-        self.optimizer = build_optimizer(self.model, cfg.optim, self.device, fused)
+        self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.bf16 = self.precision.bf16  # validation autocasts only for bf16 (fp16 validates in fp32)
         self.state = TrainState()
         self.resumed_from = self._maybe_resume()
