@@ -16,14 +16,14 @@ import torch.multiprocessing as mp
 
 import tfx.train as train_mod
 from tests.test_train import free_port, join_two_ranks, tiny_cfg
-from tfx import average, translate
+from tfx import average, sharding, translate
 from tfx.checkpoint import load_checkpoint
 from tfx.config import Config
 from tfx.data import prepare_data
 from tfx.model import build_model
 from tfx.optim import build_optimizer
 from tfx.precision import Precision
-from tfx.sharding import _indexed, _named, load_state_dicts, local_tensor, shard, state_dicts
+from tfx.sharding import ShardingError, _indexed, _named, load_state_dicts, local_tensor, shard, state_dicts
 from tfx.train import TrainingDiverged, train
 
 LAYER_NORM_KEYS = ("layers/enc/grad_norm/000", "layers/dec/grad_norm/001")
@@ -232,3 +232,9 @@ def test_an_optimizer_without_state_is_saved_and_loaded_without_stepping_it(tmp_
         assert torch.equal(state_dicts(model, optimizer)[0][key], saved)
     finally:
         dist.destroy_process_group()
+
+
+def test_fsdp_on_a_torch_without_fsdp2_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sharding, "FSDPModule", None)
+    with pytest.raises(ShardingError, match=r"train.strategy=fsdp needs torch >= 2.6 \(FSDP2\); this is torch"):
+        train(tiny_cfg(tmp_path, strategy="fsdp"), tmp_path / "run")

@@ -39,6 +39,7 @@ from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer, lr_at, set_lr
 from tfx.precision import Precision, StepOutcome
 from tfx.run_checkpoints import CheckpointManager, our_trajectory, rng_state
+from tfx.sharding import ShardingError
 from tfx.validate import validate
 
 log = logging.getLogger("tfx.train")
@@ -489,7 +490,7 @@ def _main(cfg_node: Any) -> float:
         sys.exit(2)
     try:
         summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
-    except (DataError, CheckpointError, DeviceError, TrainingDiverged) as e:
+    except (DataError, CheckpointError, DeviceError, ShardingError, TrainingDiverged) as e:
         log.error("%s", e)
         sys.exit(1)
     return summary["best_bleu"]
