@@ -117,6 +117,7 @@ def test_public_knobs_override() -> None:
         (["init.name=fixup"], "init.name"),
         (["optim.name=sgd"], "optim.name='sgd': use one of"),
         (["train.precision=fp8"], "train.precision='fp8': use auto, fp32, bf16, fp16"),
+        (["train.strategy=zero3"], "train.strategy='zero3': use ddp or fsdp"),
     ],
 )
 def test_bad_values_fail_at_start(overrides: list[str], error: str) -> None:
@@ -175,3 +176,32 @@ def test_experiments_set_their_method_and_overrides_still_win() -> None:
 def test_bad_method_names_the_choices() -> None:
     with pytest.raises(ConfigCompositionException, match="Could not find 'method/bogus'"):
         load(["method=bogus"])
+
+
+def test_strategy_defaults_to_ddp_and_fsdp_composes() -> None:
+    assert load([]).train.strategy == "ddp"
+    assert load(["+experiment=deep", "train.strategy=fsdp"]).train.strategy == "fsdp"
+
+
+SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+
+
+def test_slurm_launcher_composes_without_a_cluster() -> None:
+    """``-m hydra/launcher=slurm``: the plugin's launcher with our settings, valid against its schema."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    from hydra.utils import get_class
+    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+
+    register_configs()
+    launcher = [f"hydra.launcher.{o}" for o in ("partition=gpu", "gpus_per_node=4", "nodes=2", "timeout_min=600")]
+    point = ["+experiment=deep_postln", "model.encoder_layers=24", "model.decoder_layers=${model.encoder_layers}"]
+    overrides = ["hydra/launcher=slurm", *launcher, *point, "train.strategy=fsdp"]  # one point of the README's sweep
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == SLURM_LAUNCHER and get_class(launcher._target_).__name__ == "SlurmLauncher"
+    assert (launcher.partition, launcher.nodes, launcher.timeout_min) == ("gpu", 2, 600)
+    assert launcher.gpus_per_node == launcher.tasks_per_node == 4  # one rank per GPU
+    OmegaConf.merge(OmegaConf.structured(SlurmQueueConf), launcher)  # no field the plugin does not know
+    run = (cfg.train.strategy, cfg.model.norm, cfg.init.name, cfg.model.decoder_layers)
+    assert run == ("fsdp", "post", "xavier", 24)

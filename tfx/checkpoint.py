@@ -93,8 +93,11 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         torch.save(obj, f)
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load with ``weights_only=True``; a missing or corrupt file is a one-line ``CheckpointError``."""
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load with ``weights_only=True``; a missing or corrupt file is a one-line ``CheckpointError``.
+
+    ``mmap``: tensors stay in the file (page cache, shared by the ranks of a node) until read.
+    """
     path = Path(path)
     if path.is_dir():
         held = sorted(p.relative_to(path).as_posix() for p in [*path.glob("*.pt"), *path.glob("checkpoints/*.pt")])
@@ -103,7 +106,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist: pass a .pt file written by tfx.train")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
         raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__}): is it a tfx checkpoint?") from e
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:

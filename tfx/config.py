@@ -17,6 +17,7 @@ from tfx.optim import OPTIMIZERS
 
 DATA_SOURCES = ("toy", "local", "hub")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # tfx/precision.py says what each does
+STRATEGIES = ("ddp", "fsdp")  # tfx/sharding.py says what fsdp does
 
 
 def _require(ok: bool, message: str) -> None:
@@ -186,6 +187,8 @@ class TrainConfig:
     max_minutes: float = 0.0  # stop after this much wall time; 0 = no limit
     update_freq: int = 1  # gradient accumulation steps per update
     compile: bool = False  # wrap the model in torch.compile
+    # several ranks: ddp = a full replica per rank; fsdp = weights, gradients and Adam state sharded (tfx/sharding.py)
+    strategy: str = "ddp"
     validate_every_updates: int = 0  # validate every N updates; 0 = once per epoch only
     validate_every_minutes: float = 0.0  # also validate every M minutes of wall time; 0 = off
     valid_beam: int = 1  # beam size for validation BLEU (1 = greedy, fastest)
@@ -202,6 +205,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _require(self.precision in PRECISIONS, f"train.precision={self.precision!r}: use {', '.join(PRECISIONS)}")
+        _require(self.strategy in STRATEGIES, f"train.strategy={self.strategy!r}: use {' or '.join(STRATEGIES)}")
         _require(self.update_freq >= 1, "train.update_freq must be >= 1")
         _require(self.valid_beam >= 1, "train.valid_beam must be >= 1")
         _require(self.keep_last >= 1, "train.keep_last must be >= 1")

@@ -31,6 +31,7 @@ from tfx.config import ModelConfig
 from tfx.init import SCHEMES, apply_init
 from tfx.model import Transformer, build_model
 from tfx.model.residual import RESIDUALS
+from tfx.sharding import all_reduce_norms, is_dtensor, local_tensor
 
 PAD_ID = 0  # tfx.data.vocab.PAD; not imported so the CLI stays free of the data stack
 
@@ -49,8 +50,8 @@ def _stat_key(layer_name: str, stat: str) -> str:
 
 
 def _norm_of(tensors: list[Tensor | None]) -> Tensor:
-    """L2 norm over all given tensors (None = no gradient, counts as zero)."""
-    norms = [t.detach().float().norm() for t in tensors if t is not None]
+    """L2 norm over all given tensors (None = no gradient, counts as zero); of the local shards under FSDP."""
+    norms = [local_tensor(t).detach().float().norm() for t in tensors if t is not None]
     return torch.stack(norms).norm() if norms else torch.zeros(())
 
 
@@ -60,7 +61,10 @@ def layer_grad_norms(model: Transformer) -> dict[str, float]:
     One host sync for all layers (``tolist``), so it is cheap enough to log every K updates.
     """
     layers = named_layers(model)
-    norms = torch.stack([_norm_of([p.grad for p in layer.parameters()]).cpu() for _, layer in layers])
+    norms = torch.stack([_norm_of([p.grad for p in layer.parameters()]) for _, layer in layers])
+    if any(is_dtensor(p) for p in model.parameters()):  # FSDP: each rank holds a shard of every layer
+        norms = all_reduce_norms(norms)
+    norms = norms.cpu()
     return {_stat_key(name, "grad_norm"): value for (name, _), value in zip(layers, norms.tolist(), strict=True)}
 
 

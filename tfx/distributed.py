@@ -1,8 +1,10 @@
-"""torchrun / DDP plumbing: one process per device, rank 0 alone logs and writes."""
+"""torchrun / srun / DDP plumbing: one process per device, rank 0 alone logs and writes."""
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,16 +28,48 @@ class DistInfo:
 
 
 def setup(device_pref: str) -> tuple[DistInfo, torch.device]:
-    """Join the process group torchrun describes (if any) and pick this rank's device."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    info = DistInfo(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
+    """Join the process group torchrun (or srun) describes, if any, and pick this rank's device."""
+    info, init_method = launch_info(os.environ)
     device = resolve_device(device_pref, info.local_rank)
     if info.enabled and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend, init_method=init_method, rank=info.rank, world_size=info.world_size)
     return info, device
+
+
+def launch_info(env: Mapping[str, str]) -> tuple[DistInfo, str | None]:
+    """This process's rank and the rendezvous (None = torchrun's ``env://``), from the environment.
+
+    torchrun sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (also when it runs inside a SLURM job).
+    Without them, a task that ``srun`` started is one rank (one task per GPU, as the submitit
+    launcher starts them: ``hydra.launcher.tasks_per_node``): ``SLURM_PROCID``, ``SLURM_LOCALID``
+    and ``SLURM_STEP_NUM_TASKS``, which only srun sets (an sbatch or salloc shell has
+    ``SLURM_NTASKS`` but is a single process). Rank 0 listens on the first node of the step.
+    """
+    if "WORLD_SIZE" in env:
+        return DistInfo(int(env.get("RANK", "0")), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0"))), None
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS", "1"))
+    if tasks <= 1:
+        return DistInfo(), None
+    info = DistInfo(int(env["SLURM_PROCID"]), tasks, int(env.get("SLURM_LOCALID", "0")))
+    host = env.get("MASTER_ADDR") or first_host(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
+    port = env.get("MASTER_PORT") or str(SLURM_PORT_BASE + int(env.get("SLURM_JOB_ID", "0")) % SLURM_PORT_RANGE)
+    return info, f"tcp://{host}:{port}"
+
+
+# srun tasks agree on a port without talking: one derived from the job id (array tasks have their own).
+SLURM_PORT_BASE, SLURM_PORT_RANGE = 20000, 40000
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``gpu[003-004,010],cpu1`` -> ``gpu003``."""
+    match = re.match(r"([^,\[]+)(?:\[([^-,\]]+))?", nodelist.strip())
+    if match is None:
+        raise ValueError(f"cannot read the SLURM node list {nodelist!r}")
+    prefix, first = match.groups()
+    return prefix + (first or "")
 
 
 class DeviceError(ValueError):

@@ -94,7 +94,10 @@ class Precision:
     ) -> float:
         """Divide the gradients by the loss scale (first, so the clip threshold means what it says), then clip.
 
-        Returns the total norm before clipping (non-finite on overflow).
+        Returns the total norm before clipping (non-finite on overflow). Under FSDP the gradients are
+        ``DTensor`` shards: the norm is reduced over all of them (the global norm, the same on every
+        rank), and so is the scaler's "found inf" (torch's DTensor takes the max over ranks), so
+        every rank skips an update that overflowed in any shard.
         """
         self.scaler.unscale_(optimizer)  # a no-op when disabled
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))

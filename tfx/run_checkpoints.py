@@ -17,6 +17,7 @@ import logging
 import os
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -219,19 +220,22 @@ class CheckpointManager:
         explicit: str | None,
         ours: dict[str, Any],
         force: bool,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        load_states: Callable[[dict[str, Any], dict[str, Any]], None],
         device: torch.device,
+        mmap: bool = False,
     ) -> tuple[Path, dict[str, Any]] | None:
         """Load weights, optimizer moments and this rank's RNG streams from the checkpoint to resume
-        from, if any; returns its path and the checkpoint (``train_state``, ``scaler``)."""
+        from, if any; returns its path and the checkpoint (``train_state``, ``scaler``).
+
+        ``load_states(model_state, optimizer_state)`` puts the weights in place (``tfx.sharding``);
+        ``mmap``: tensors are read from the file as they are used (FSDP ranks other than 0 read none).
+        """
         path = self.resume_path(explicit)
         if path is None:
             return None
-        ckpt = self.load_for_resume(path, ours, force)
+        ckpt = self.load_for_resume(path, ours, force, mmap)
         try:
-            model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
+            load_states(ckpt["model"], ckpt["optimizer"])
         except (RuntimeError, ValueError, KeyError) as err:
             first = str(err).strip().splitlines()[0]
             raise CheckpointError(f"cannot resume from {path}: its weights do not fit this model ({first})") from err
@@ -240,9 +244,9 @@ class CheckpointManager:
             set_rng_state(rngs[self.rank], device)
         return path, ckpt
 
-    def load_for_resume(self, path: Path, ours: dict[str, Any], force: bool) -> dict[str, Any]:
+    def load_for_resume(self, path: Path, ours: dict[str, Any], force: bool, mmap: bool = False) -> dict[str, Any]:
         """The checkpoint on the CPU (RNG states must stay CPU tensors), checked against ``ours``."""
-        ckpt = load_checkpoint(path, map_location="cpu")
+        ckpt = load_checkpoint(path, map_location="cpu", mmap=mmap)
         if any(k not in ckpt for k in RESUME_KEYS):
             raise CheckpointError(
                 f"cannot resume from {path}: it holds weights only (best, numbered and averaged checkpoints do); "

@@ -3,13 +3,15 @@
 Order: data -> model -> init -> optimizer. Adam without warmup (T-Fixup) or with it
 (Post-LN baseline), label-smoothed cross-entropy, BLEU validation, TensorBoard under
 ``<run>/tb``, checkpoints under ``<run>/checkpoints`` (``tfx.run_checkpoints``). Runs as is on one device or
-under ``torchrun --nproc_per_node=K`` (DDP; rank 0 alone logs and writes).
+under ``torchrun --nproc_per_node=K`` (DDP, or FSDP with ``train.strategy=fsdp``: ``tfx.sharding``;
+rank 0 alone logs and writes).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import random
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tfx import distributed
+from tfx import distributed, sharding
 from tfx.checkpoint import CheckpointError, git_sha
 from tfx.config import Config, TrainConfig, register_configs
 from tfx.criterion import label_smoothed_loss
@@ -37,6 +39,7 @@ from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer, lr_at, set_lr
 from tfx.precision import Precision, StepOutcome
 from tfx.run_checkpoints import CheckpointManager, our_trajectory, rng_state
+from tfx.sharding import ShardingError
 from tfx.validate import validate
 
 log = logging.getLogger("tfx.train")
@@ -142,8 +145,10 @@ class Trainer:
         if self.dist.rank > 0:
             torch.manual_seed(cfg.train.seed + DROPOUT_SEED_STRIDE * self.dist.rank)
         self.model.to(self.device)
-        self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.precision = Precision(cfg.train.precision, self.device)
+        if cfg.train.strategy == "fsdp":  # before the optimizer, which must hold the sharded parameters
+            sharding.shard(self.model, self.device, self.precision.bf16)
+        self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.bf16 = self.precision.bf16  # validation autocasts only for bf16 (fp16 validates in fp32)
         self.state = TrainState()
         self.resumed_from = self._maybe_resume()
@@ -178,7 +183,7 @@ class Trainer:
         net = model
         if self.cfg.train.compile:
             net = torch.compile(net, dynamic=True)  # token-bucketed batches change shape every step
-        if self.dist.enabled:
+        if self.dist.enabled and not sharding.is_sharded(model):
             ids = [self.device.index] if self.device.type == "cuda" else None
             net = nn.parallel.DistributedDataParallel(net, device_ids=ids)
         return net
@@ -187,7 +192,9 @@ class Trainer:
         """Continue from checkpoint_last.pt (or train.resume) when its trajectory matches ours."""
         ours = our_trajectory(self.cfg, self.corpus.tokenizer, self.dist.world_size, self.optimizer)
         force = self.cfg.train.resume_mode == "force"
-        resumed = self.ckpts.resume(self.cfg.train.resume, ours, force, self.model, self.optimizer, self.device)
+        load = functools.partial(sharding.load_state_dicts, self.model, self.optimizer)
+        sharded = sharding.is_sharded(self.model)  # every rank reads the file, mmap-ed: only rank 0's is used
+        resumed = self.ckpts.resume(self.cfg.train.resume, ours, force, load, self.device, mmap=sharded)
         if resumed is None:
             return None
         path, ckpt = resumed
@@ -201,9 +208,10 @@ class Trainer:
 
     # ------------------------------------------------------------ checkpoints
     def _payload(self, rngs: list[dict[str, Any]]) -> dict[str, Any]:
+        model_state, optim_state = sharding.state_dicts(self.model, self.optimizer)  # FSDP: gathered on rank 0
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model_state,
+            "optimizer": optim_state,
             "optimizer_name": type(self.optimizer).__name__,
             "train_state": dataclasses.asdict(self.state),
             "step": self.state.step,
@@ -224,7 +232,8 @@ class Trainer:
         Only the last checkpoint resumes, so only it carries the optimizer, RNG and iterator
         state; best and numbered ones are for evaluation and averaging, and without Adam's two
         moments they are a third of the size (4 GB instead of 13 GB at 200+200 layers, d 512).
-        Every rank calls this: each one's RNG state goes into the checkpoint.
+        Every rank calls this: each one's RNG state goes into the checkpoint (and under FSDP each
+        one's shards); ``_validate`` gives every rank the same state, so all decide alike.
         """
         rngs = distributed.gather_to_main(rng_state(self.device))
         write_last = self.state != self._saved_state
@@ -254,7 +263,9 @@ class Trainer:
                 batch = batch.pin_memory()  # pinned host memory makes the non_blocking copy truly async
             batch = batch.to(self.device, non_blocking=True)
             last = i == len(batches) - 1
-            sync = contextlib.nullcontext() if last or not self.dist.enabled else self.net.no_sync()
+            sharding.sync(self.model, last)  # FSDP: reduce-scatter only after the last micro-batch
+            ddp = isinstance(self.net, nn.parallel.DistributedDataParallel)
+            sync = self.net.no_sync() if ddp and not last else contextlib.nullcontext()
             recorder = ActivationRMS(self.model) if record_layers and last else None
             with sync, recorder or contextlib.nullcontext(), self.precision.autocast():
                 logits = self.net(batch.src_tokens, batch.prev_output_tokens)
@@ -363,22 +374,29 @@ class Trainer:
         if self._validated_at == self.state.step:
             return False
         self._validated_at = self.state.step
-        improved = False
-        if self.dist.is_main:
-            result = validate(self.model, self.corpus, self.cfg, self.device, self.bf16)
-            improved = result.bleu > self.state.best_bleu
-            self.state.best_bleu = max(self.state.best_bleu, result.bleu)
-            minutes = self.state.train_seconds / 60
-            metrics = {**result.metrics, "valid/best_bleu": self.state.best_bleu, "valid/train_minutes": minutes}
-            self.logger.scalars(metrics, self.state.step)
-            self.logger.translations("valid/samples", result.samples, self.state.step)
-            log.info(
-                "validation at update %d (%.1f train min): loss %.3f | BLEU %.2f (best %.2f) | %s",
-                self.state.step, minutes, result.metrics["valid/loss"], result.bleu, self.state.best_bleu,
-                result.signature,
-            )  # fmt: skip
-        distributed.barrier()
+        build = functools.partial(build_model, self.cfg.model, self.corpus.tokenizer.vocab_size, PAD)
+        model = sharding.unsharded(self.model, build, self.device)  # FSDP: every rank gathers, rank 0 gets a copy
+        improved = self._validate_on_main(model) if self.dist.is_main else False
+        del model
+        # Every rank keeps the same state (save decides from it) and learns whether this was the best.
+        improved, self.state.best_bleu = distributed.broadcast_object((improved, self.state.best_bleu))
         self._window = (0.0, time.perf_counter())  # validation time is not training throughput
+        return improved
+
+    def _validate_on_main(self, model: Transformer) -> bool:
+        """Validation loss and BLEU, logged; True when BLEU improved."""
+        result = validate(model, self.corpus, self.cfg, self.device, self.bf16)
+        improved = result.bleu > self.state.best_bleu
+        self.state.best_bleu = max(self.state.best_bleu, result.bleu)
+        minutes = self.state.train_seconds / 60
+        metrics = {**result.metrics, "valid/best_bleu": self.state.best_bleu, "valid/train_minutes": minutes}
+        self.logger.scalars(metrics, self.state.step)
+        self.logger.translations("valid/samples", result.samples, self.state.step)
+        log.info(
+            "validation at update %d (%.1f train min): loss %.3f | BLEU %.2f (best %.2f) | %s",
+            self.state.step, minutes, result.metrics["valid/loss"], result.bleu, self.state.best_bleu,
+            result.signature,
+        )  # fmt: skip
         return improved
 
     def _finish(self, stop: StopSignal) -> dict[str, Any]:
@@ -480,7 +498,7 @@ def _main(cfg_node: Any) -> float:
         sys.exit(2)
     try:
         summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
-    except (DataError, CheckpointError, DeviceError, TrainingDiverged) as e:
+    except (DataError, CheckpointError, DeviceError, ShardingError, TrainingDiverged) as e:
         log.error("%s", e)
         sys.exit(1)
     return summary["best_bleu"]
