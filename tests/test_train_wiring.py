@@ -15,13 +15,15 @@ import torch.multiprocessing as mp
 
 import tfx.validate as validate_mod
 from tests.test_train import free_port, join_two_ranks, tiny_cfg
+from tfx import distributed
 from tfx.checkpoint import build_from_checkpoint, load_checkpoint
 from tfx.config import Config
 from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, collate, make_batches, prepare_data
+from tfx.distributed import DistInfo
 from tfx.init import apply_init
 from tfx.model import build_model
-from tfx.train import train
+from tfx.train import Trainer, train
 
 EPS = 0.3  # an unusual label-smoothing value: a trainer that ignores the config uses 0.1 or 0
 
@@ -169,7 +171,31 @@ def test_validate_every_minutes_validates_when_due(tmp_path: Path) -> None:
     assert [s for s, _ in tensorboard_scalars(tmp_path / "off", "valid/bleu")] == [3]
 
 
-# --- DDP: 2 gloo processes -------------------------------------------------------------------------
+# --- DDP: two ranks emulated in this process (fast), then 2 gloo processes (slow) ----------------
+
+
+def test_two_rank_step_scales_by_world_size_over_the_global_token_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real ``train_step`` in a two-rank world whose ranks hold identical batches: every
+    all-reduced sum doubles and DDP's gradient average is the identity, so the correct step
+    (loss * world size / all ranks' tokens) gives exactly the one-rank gradient. Dropping the
+    world-size factor halves it; dividing by this rank's tokens only (no all-reduce) doubles it."""
+    cfg = wiring_cfg(tmp_path, max_updates=1)
+    trainer = Trainer(cfg, tmp_path / "run")
+    try:
+        trainer.dist = DistInfo(rank=0, world_size=2)
+        monkeypatch.setattr(distributed, "all_reduce_sum", lambda value, device: 2 * value)
+        split = trainer.corpus.splits["train"]
+        plan = make_batches(
+            split, cfg.data.max_tokens, cfg.data.max_sentences, shuffle=True, seed=cfg.train.seed, epoch=1
+        )
+        metrics = trainer.train_step([collate(split, plan[0])])
+    finally:
+        trainer.close()
+    ref = reference_first_update(cfg)
+    assert metrics["train/grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4)
+    assert metrics["train/loss"] == pytest.approx(ref["loss"], rel=1e-5)
 
 
 def _first_update_worker(rank: int, cfg: Config, run_dir: str, port: int, out: str) -> None:
