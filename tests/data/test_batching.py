@@ -72,6 +72,22 @@ def test_collate_pads_and_shifts(train):
         assert np.array_equal(batch.src_tokens[row, : len(train.src[i])].numpy(), train.src[i])
 
 
+def test_collate_writes_every_decoder_input_cell(train, monkeypatch):
+    """Scratch memory from ``np.empty*`` often still holds an earlier batch's BOS column, which hid a
+    ``prev[:, 1] = BOS`` mistake; filled with a sentinel here, any cell collate forgets shows up."""
+    sentinel = 99
+    real_empty_like = np.empty_like
+    monkeypatch.setattr(
+        np, "empty_like", lambda a, *args, **kw: np.full_like(real_empty_like(a, *args, **kw), sentinel)
+    )
+    batch = collate(train, [0, 5, 9])
+    expected = torch.full_like(batch.target, PAD)
+    for row, i in enumerate(batch.indices):
+        tgt = torch.from_numpy(train.tgt[i])
+        expected[row, : len(tgt)] = torch.cat([torch.tensor([BOS]), tgt[:-1]])
+    assert torch.equal(batch.prev_output_tokens, expected)
+
+
 def test_batch_moves_between_devices(train):
     batch = collate(train, [1, 2])
     moved = batch.to("cpu")
