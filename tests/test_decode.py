@@ -234,3 +234,29 @@ def test_zero_maximum_length_gives_empty_outputs(beam: int) -> None:
     model, src = model_with_eos_bias(-50.0), sources()  # EOS never chosen freely: the cap forces it
     hyps = beam_search(model, src, beam=beam, max_len_a=0, max_len_b=0)
     assert hyps == [[]] * src.size(0)
+
+
+def scripted(first: dict[int, float], then: dict[int, float]) -> Transformer:
+    """A model whose logits ignore the source: ``first`` at output position 0, ``then`` after it,
+    every other token at -1e4 (decode with ``use_cache=False`` so each call sees the whole prefix)."""
+    model = seeded(0)
+
+    def logits(positions: int) -> torch.Tensor:
+        out = torch.full((positions, model.vocab_size), -1e4)
+        for t in range(positions):
+            for tok, value in (first if t == 0 else then).items():
+                out[t, tok] = value
+        return out
+
+    model.decoder.register_forward_hook(lambda module, args, out: logits(out.size(1)).expand_as(out).clone())
+    return model
+
+
+def test_more_eos_candidates_than_free_slots_keep_k_hypotheses() -> None:
+    """Beam 2: step 0 finishes the empty output (EOS ranks second), step 1 offers two EOS candidates
+    (after 4 and after 5) for the one slot left; only the better, [4], is kept."""
+    model = scripted({4: 0.0, EOS: -0.1, 5: -0.2}, {EOS: 0.0})
+    nbest = beam_search_nbest(model, sources(b=1), beam=2, lenpen=1.0, min_len=0, use_cache=False)[0]
+    assert [h.tokens for h in nbest] == [[4], []]
+    lp = torch.tensor([0.0, -0.1, -0.2]).log_softmax(0)  # the three live tokens at step 0
+    assert [h.logprob for h in nbest] == pytest.approx([lp[0].item(), lp[1].item()], abs=1e-4)
