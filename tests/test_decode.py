@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import itertools
+import logging
 
 import pytest
 import torch
 
+import tfx.decode as decode
 from tests.conftest import PAD, VOCAB, tiny_model
 from tfx.data import EOS, UNK
 from tfx.decode import (
     beam_search,
     beam_search_nbest,
     block_repeated_ngrams,
+    encode_sources,
     greedy_decode,
     length_batches,
     length_normalized,
+    pad_batch,
     score_sequences,
     translate_sentences,
 )
@@ -260,3 +264,48 @@ def test_more_eos_candidates_than_free_slots_keep_k_hypotheses() -> None:
     assert [h.tokens for h in nbest] == [[4], []]
     lp = torch.tensor([0.0, -0.1, -0.2]).log_softmax(0)  # the three live tokens at step 0
     assert [h.logprob for h in nbest] == pytest.approx([lp[0].item(), lp[1].item()], abs=1e-4)
+
+
+def test_pad_batch_right_pads_with_pad() -> None:
+    out = pad_batch([[5, 6, EOS], [7, EOS], [EOS]], torch.device("cpu"))
+    assert out.dtype == torch.long and out.tolist() == [[5, 6, EOS], [7, EOS, PAD], [EOS, PAD, PAD]]
+
+
+def test_encode_sources_appends_eos_and_cuts_to_the_position_table(caplog: pytest.LogCaptureFixture) -> None:
+    """Limit 4 positions: 3 words + EOS fit exactly; 4 words are cut to 3 + EOS and counted."""
+    tok = WordTokenizer()
+    sentences = ["a b c d", "p q r", "x", ""]
+    words = tok.encode_batch(sentences)
+    with caplog.at_level(logging.WARNING, logger="tfx.decode"):
+        ids = encode_sources(tok, sentences, limit=4)
+    assert ids == [words[0][:3] + [EOS], words[1] + [EOS], words[2] + [EOS], [EOS]]
+    assert caplog.messages == ["1 source sentence(s) longer than 4 tokens were truncated"]
+    assert encode_sources(tok, [], 4) == []
+
+
+def test_translate_sentences_passes_its_settings_to_the_search(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Each batch goes to greedy (beam 1) or beam search with the caller's lenpen, length limits and
+    autocast; batches respect batch_size; the output is the decoded best hypothesis per sentence."""
+    model, tok = model_with_eos_bias(-2.0), WordTokenizer()
+    sentences = ["a b c d e f", "x y", "p q r"]
+    calls: list[tuple[str, int, dict]] = []
+    for name in ("greedy_decode", "beam_search"):
+        real = getattr(decode, name)
+        spy = lambda m, src, _f=real, _n=name, **kw: calls.append((_n, src.size(0), kw)) or _f(m, src, **kw)  # noqa: E731
+        monkeypatch.setattr(decode, name, spy)
+    search = dict(max_len_a=0.5, max_len_b=2, autocast_dtype=torch.bfloat16)
+    out = translate_sentences(model, tok, sentences, beam=3, lenpen=0.2, batch_size=2, max_tokens=None, **search)
+    assert calls == [
+        ("beam_search", 2, dict(beam=3, lenpen=0.2, **search)),
+        ("beam_search", 1, dict(beam=3, lenpen=0.2, **search)),
+    ]
+    src = [torch.tensor([ids]) for ids in encode_sources(tok, sentences, 64)]
+    assert out == [tok.decode(beam_search(model, s, beam=3, lenpen=0.2, **search)[0]) for s in src]
+    assert capsys.readouterr().err == ""  # no progress bar unless asked
+    calls.clear()
+    out = translate_sentences(model, tok, sentences, beam=1, device="cpu", progress=True, **search)
+    assert calls == [("greedy_decode", 3, search)]
+    assert out == [tok.decode(greedy_decode(model, s, **search)[0]) for s in src]
+    assert "3/3" in capsys.readouterr().err
