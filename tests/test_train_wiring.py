@@ -171,6 +171,25 @@ def test_validate_every_minutes_validates_when_due(tmp_path: Path) -> None:
     assert [s for s, _ in tensorboard_scalars(tmp_path / "off", "valid/bleu")] == [3]
 
 
+def thirty_seconds_per_update(trainer: Any, _metrics: dict[str, float]) -> None:
+    """Training time as a clock that reads 30 s per update (the hook runs before the budget and
+    validation checks), so minute budgets are tested exactly, without sleeping."""
+    trainer.state.train_seconds = 30.0 * trainer.state.step
+
+
+def test_max_minutes_counts_minutes_of_training_time(tmp_path: Path) -> None:
+    """One minute at 30 s per update: the budget is spent after update 2, not 1 (seconds) or 3 (>)."""
+    summary = train(wiring_cfg(tmp_path, max_updates=10, max_minutes=1.0), tmp_path / "run", thirty_seconds_per_update)
+    assert summary["step"] == 2
+
+
+def test_validate_every_minute_of_training_time(tmp_path: Path) -> None:
+    """At 30 s per update, validation is due every second update (and at the end of the run)."""
+    cfg = wiring_cfg(tmp_path, max_updates=5, validate_every_minutes=1.0)
+    train(cfg, tmp_path / "run", thirty_seconds_per_update)
+    assert [s for s, _ in tensorboard_scalars(tmp_path / "run", "valid/bleu")] == [2, 4, 5]
+
+
 # --- DDP: two ranks emulated in this process (fast), then 2 gloo processes (slow) ----------------
 
 
