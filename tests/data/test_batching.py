@@ -96,6 +96,27 @@ def test_batch_moves_between_devices(train):
         assert batch.pin_memory().src_tokens.is_pinned()
 
 
+def test_batch_to_and_pin_memory_copy_every_tensor_with_the_right_flags(train, monkeypatch):
+    """Tensor.to / pin_memory recorded (CPU has no pinned memory): every tensor goes through them,
+    and ``to`` is blocking unless asked, since a non-blocking copy back to the host may be read early."""
+    batch = collate(train, [1, 2])
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, device, **kw: calls.append(("to", device, kw)) or t.clone())
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: calls.append(("pin",)) or t.clone())
+    tensors = sum(isinstance(v, torch.Tensor) for v in vars(batch).values())
+    moved = batch.to("meta")
+    assert calls == [("to", "meta", {"non_blocking": False})] * tensors
+    calls.clear()
+    batch.to("meta", non_blocking=True)
+    assert calls == [("to", "meta", {"non_blocking": True})] * tensors
+    calls.clear()
+    pinned = batch.pin_memory()
+    assert calls == [("pin",)] * tensors
+    for copy in (moved, pinned):
+        assert torch.equal(copy.target, batch.target) and copy.indices == batch.indices
+        assert copy.ntokens == batch.ntokens
+
+
 def split_of(lengths: list[tuple[int, int]]) -> EncodedSplit:
     src = [np.full(s, 7, dtype=np.int32) for s, _ in lengths]
     tgt = [np.full(t, 8, dtype=np.int32) for _, t in lengths]
