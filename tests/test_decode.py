@@ -309,3 +309,31 @@ def test_translate_sentences_passes_its_settings_to_the_search(
     assert calls == [("greedy_decode", 3, search)]
     assert out == [tok.decode(greedy_decode(model, s, **search)[0]) for s in src]
     assert "3/3" in capsys.readouterr().err
+
+
+def test_length_batches_exact_groups() -> None:
+    """Longest first (stable among equals); a batch may fill the token budget exactly."""
+    assert length_batches([4, 4, 4, 2], max_tokens=8, batch_size=None) == [[0, 1], [2, 3]]
+    assert length_batches([1, 2, 3, 4, 5], max_tokens=None, batch_size=2) == [[4, 3], [2, 1], [0]]
+    assert length_batches([3, 3, 3], max_tokens=100, batch_size=2) == [[0, 1], [2]]
+    with pytest.raises(ValueError, match="^give max_tokens or batch_size$"):
+        length_batches([1], None, None)
+
+
+def test_score_sequences_checks_counts_and_takes_empty_input() -> None:
+    model, src = seeded(0), sources(b=3)
+    with pytest.raises(ValueError, match="^2 hypotheses for 3 sources$"):
+        score_sequences(model, src, [[4], [5]])
+    assert score_sequences(model, src[:0], []).shape == (0,)
+
+
+def test_greedy_and_beam_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both searches use the KV cache unless told not to, and forbid an empty output (min_len 1)."""
+    eager = model_with_eos_bias(+1e4)
+    assert all(len(h) == 1 for h in greedy_decode(eager, sources()))
+    used: list[bool] = []
+    real = decode.make_stepper
+    monkeypatch.setattr(decode, "make_stepper", lambda *a, **kw: used.append(a[2]) or real(*a, **kw))
+    greedy_decode(eager, sources())
+    beam_search(eager, sources(), beam=2)
+    assert used == [True, True]
