@@ -22,7 +22,16 @@ from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 AVERAGE = ["tests/test_average.py", "tests/test_average_values.py", "tests/test_average_cli.py"]
-WIRING = ["tests/test_train_wiring.py"]
+
+
+def wiring(*names: str) -> list[str]:
+    """Tests of tests/test_train_wiring.py by name (the whole file takes minutes on a busy machine)."""
+    return [f"tests/test_train_wiring.py::test_{name}" for name in names]
+
+
+FIRST_UPDATE = "first_update_uses_label_smoothing_and_divides_by_the_update_token_count"
+TWO_RANKS = "two_rank_step_scales_by_world_size_over_the_global_token_count"
+BEST = "best_checkpoint_pruning_and_validation_loss_units"
 
 
 class Bug(NamedTuple):
@@ -47,16 +56,16 @@ BUGS = [
     ], AVERAGE),
     Bug("spm-key-vocab", "sentencepiece cache key without vocab_size", "tfx/data/vocab.py", [
         ('"vocab_size": vocab_size,\n', ""),
-    ], ["tests/data/"]),
+    ], ["tests/data/test_corpus.py"]),
     Bug("spm-key-type", "sentencepiece cache key without model_type", "tfx/data/vocab.py", [
         ('"model_type": model_type,\n', ""),
-    ], ["tests/data/"]),
+    ], ["tests/data/test_corpus.py"]),
     Bug("spm-key-coverage", "sentencepiece cache key without character_coverage", "tfx/data/vocab.py", [
         ('"coverage": character_coverage,\n', ""),
-    ], ["tests/data/"]),
+    ], ["tests/data/test_corpus.py"]),
     Bug("corpus-key-tokenizer", "encoded-corpus cache key without the tokenizer fingerprint", "tfx/data/corpus.py", [
         ('settings={"tokenizer": tokenizer.fingerprint}', "settings={}"),
-    ], ["tests/data/"]),
+    ], ["tests/data/test_corpus.py"]),
     Bug("tfixup-enc-layer0", "T-Fixup scaling skipped on encoder layer 0", "tfx/init/tfixup.py", [
         ("for layer in model.encoder.layers:", "for layer in model.encoder.layers[1:]:"),
     ], ["tests/init/"]),
@@ -71,14 +80,14 @@ BUGS = [
     ], ["tests/model/"]),
     Bug("ddp-world-size", "DDP: no world-size factor on the loss", "tfx/train.py", [
         ("loss * self.dist.world_size / max(ntokens, 1.0)", "loss / max(ntokens, 1.0)"),
-    ], WIRING),
+    ], wiring(TWO_RANKS)),
     Bug("ddp-local-tokens", "DDP: loss divided by this rank's tokens (no all-reduce)", "tfx/train.py", [
         ("ntokens = distributed.all_reduce_sum(sum(b.ntokens for b in batches), self.device)",
          "ntokens = sum(b.ntokens for b in batches)"),
-    ], WIRING),
+    ], wiring(TWO_RANKS)),
     Bug("no-token-norm", "loss not divided by the update's token count", "tfx/train.py", [
         ("loss * self.dist.world_size / max(ntokens, 1.0)", "loss * self.dist.world_size"),
-    ], WIRING),
+    ], wiring(FIRST_UPDATE, TWO_RANKS)),
     Bug("diag-sum", "diagnostics sum per-tensor norms instead of the L2 norm", "tfx/diagnostics.py", [
         ("return torch.stack(norms).norm() if norms", "return torch.stack(norms).sum() if norms"),
     ], ["tests/test_diagnostics.py"]),
@@ -93,44 +102,44 @@ BUGS = [
     Bug("train-smoothing", "trainer ignores optim.label_smoothing (uses 0.1)", "tfx/train.py", [
         ("label_smoothed_loss(logits, batch.target, opt.label_smoothing, PAD)",
          "label_smoothed_loss(logits, batch.target, 0.1, PAD)"),
-    ], WIRING),
+    ], wiring(FIRST_UPDATE)),
     Bug("train-schedule-from-1", "schedule indexed from update 1", "tfx/train.py", [
         ("lr = lr_at(self.state.step, opt)", "lr = lr_at(self.state.step + 1, opt)"),
-    ], WIRING),
+    ], wiring("schedule_starts_at_update_zero")),
     Bug("best-always", "checkpoint_best.pt written at every validation", "tfx/train.py", [
         ("improved = result.bleu > self.state.best_bleu", "improved = True"),
-    ], WIRING),
+    ], wiring(BEST)),
     Bug("valid-loss-nats", "validation loss in nats, not bits", "tfx/validate.py", [
         ("loss_sum / ntokens / math.log(2), nll_sum", "loss_sum / ntokens, nll_sum"),
-    ], WIRING),
+    ], wiring(BEST)),
     Bug("resume-restarts-epoch", "resume restarts the epoch from its first batch", "tfx/train.py", [
         ('self.state = TrainState(**ckpt["train_state"])',
          'self.state = TrainState(**{**ckpt["train_state"], "batch_in_epoch": 0})'),
-    ], WIRING),
+    ], wiring("resume_across_an_epoch_boundary_equals_uninterrupted")),
     Bug("epoch-not-passed", "every epoch shuffled as epoch 1", "tfx/train.py", [
         ("epoch=self.state.epoch, rank=self.dist.rank", "epoch=1, rank=self.dist.rank"),
-    ], WIRING),
+    ], wiring("each_epoch_is_shuffled_with_its_own_number")),
     Bug("keep-last-off-by-one", "keep_last keeps one checkpoint too many", "tfx/run_checkpoints.py", [
         ("numbered[: -self.keep_last]", "numbered[: -self.keep_last - 1]"),
-    ], WIRING),
+    ], wiring(BEST, "keep_last_prunes_by_update_not_by_file_name")),
     Bug("keep-last-by-name", "keep_last prunes by file name, not by step", "tfx/run_checkpoints.py", [
         ('key=lambda p: int(p.stem.rsplit("_", 1)[1])', "key=lambda p: p.name"),
-    ], WIRING + ["tests/reliability/test_run_folder.py"]),
+    ], wiring("keep_last_prunes_by_update_not_by_file_name")),
     Bug("max-epochs-off-by-one", "max_epochs stops one epoch early", "tfx/train.py", [
         ("self.epoch > t.max_epochs", "self.epoch >= t.max_epochs"),
-    ], WIRING),
+    ], wiring("max_epochs_runs_whole_epochs")),
     Bug("max-minutes-seconds", "max_minutes read as seconds", "tfx/train.py", [
         ("self.train_seconds >= 60 * t.max_minutes", "self.train_seconds >= t.max_minutes"),
-    ], WIRING),
+    ], wiring("max_minutes_counts_minutes_of_training_time")),
     Bug("max-minutes-ignored", "max_minutes ignored", "tfx/train.py", [
         ("return not (t.max_minutes and self.train_seconds >= 60 * t.max_minutes)", "return True"),
-    ], WIRING),
+    ], wiring("max_minutes_stops_after_the_first_update", "max_minutes_counts_minutes_of_training_time")),
     Bug("validate-minutes-seconds", "validate_every_minutes read as seconds", "tfx/train.py", [
         (">= 60 * t.validate_every_minutes", ">= t.validate_every_minutes"),
-    ], WIRING),
+    ], wiring("validate_every_minute_of_training_time")),
     Bug("validate-minutes-ignored", "validate_every_minutes ignored", "tfx/train.py", [
         ("or bool(minutes_due)", "or False"),
-    ], WIRING),
+    ], wiring("validate_every_minutes_validates_when_due", "validate_every_minute_of_training_time")),
 ]  # fmt: skip
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+import tfx.train as train_mod
 import tfx.validate as validate_mod
 from tests.test_train import free_port, join_two_ranks, tiny_cfg
 from tfx import distributed
@@ -169,6 +170,22 @@ def test_validate_every_minutes_validates_when_due(tmp_path: Path) -> None:
     train(wiring_cfg(tmp_path, max_updates=3), tmp_path / "off")
     assert [s for s, _ in tensorboard_scalars(tmp_path / "due", "valid/bleu")] == [1, 2, 3]
     assert [s for s, _ in tensorboard_scalars(tmp_path / "off", "valid/bleu")] == [3]
+
+
+def test_each_epoch_is_shuffled_with_its_own_number(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    planned: list[int] = []
+    real = train_mod.make_batches
+    monkeypatch.setattr(train_mod, "make_batches", lambda *a, **kw: planned.append(kw["epoch"]) or real(*a, **kw))
+    train(wiring_cfg(tmp_path, max_updates=100, max_epochs=2), tmp_path / "run")
+    assert planned == [1, 2]
+
+
+def test_keep_last_prunes_by_update_not_by_file_name(tmp_path: Path) -> None:
+    """Ten numbered saves: the two newest are updates 9 and 10, though checkpoint_E_10.pt sorts
+    before checkpoint_E_9.pt by name."""
+    train(wiring_cfg(tmp_path, max_updates=10, save_every_updates=1, keep_last=2), tmp_path / "run")
+    numbered = (tmp_path / "run" / "checkpoints").glob("checkpoint_*_*.pt")
+    assert sorted(int(p.stem.rsplit("_", 1)[1]) for p in numbered) == [9, 10]
 
 
 def thirty_seconds_per_update(trainer: Any, _metrics: dict[str, float]) -> None:
