@@ -7,6 +7,8 @@
 #   MUTATION_REPO=/other/checkout scripts/mutation_check.sh optim   # measure another tree's tests
 #   MUTATION_FILTER='tfx.decode.x_length_normalized* tfx.decode.x__finish*' scripts/mutation_check.sh decode
 #       # only the mutants whose names match (mutmut's globs): the score covers the mutants checked
+#   MUTATION_TIMEOUT=5 scripts/mutation_check.sh decode
+#       # a mutant is a timeout (detected) past 5x its tests' clean time (mutmut's default: 15x)
 #
 # Each module is mutated in its own scratch copy of the tree (mutmut writes a mutants/ folder and
 # reads one [tool.mutmut] config), so runs never touch the working tree. Prints killed/survived per
@@ -54,11 +56,11 @@ for module in "${MODULES[@]}"; do
   fi
   skip=$(for t in ${SKIP[$module]:-}; do printf '"--deselect", "%s", ' "$t"; done)
   # Replace the [tool.mutmut] table with this module's: its source files, its tests.
-  python - "$dir/pyproject.toml" "${SOURCES[$module]}" "$tests" "$skip" <<'PY'
+  python - "$dir/pyproject.toml" "${SOURCES[$module]}" "$tests" "$skip" "${MUTATION_TIMEOUT:-15}" <<'PY'
 import re
 import sys
 
-path, pattern, tests, skip = sys.argv[1:]
+path, pattern, tests, skip, timeout = sys.argv[1:]
 text = re.sub(r"\n\[tool\.mutmut\]\n(?:(?!\n\[).)*", "", open(path).read(), flags=re.S)
 text += f"""
 [tool.mutmut]
@@ -67,6 +69,7 @@ only_mutate = ["{pattern}"]
 pytest_add_cli_args = [{skip}"-m", "not slow", "-p", "no:cacheprovider"]
 pytest_add_cli_args_test_selection = [{tests}]
 also_copy = ["conf/", "tests/", "scripts/", "data/"]
+timeout_multiplier = {timeout}
 """
 open(path, "w").write(text)
 PY
