@@ -287,7 +287,8 @@ def test_translate_sentences_passes_its_settings_to_the_search(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     """Each batch goes to greedy (beam 1) or beam search with the caller's lenpen, length limits and
-    autocast; batches respect batch_size; the output is the decoded best hypothesis per sentence."""
+    autocast; batches respect batch_size and go to the given device (default: the model's); the
+    output is the decoded best hypothesis per sentence."""
     model, tok = model_with_eos_bias(-2.0), WordTokenizer()
     sentences = ["a b c d e f", "x y", "p q r"]
     calls: list[tuple[str, int, dict]] = []
@@ -295,6 +296,9 @@ def test_translate_sentences_passes_its_settings_to_the_search(
         real = getattr(decode, name)
         spy = lambda m, src, _f=real, _n=name, **kw: calls.append((_n, src.size(0), kw)) or _f(m, src, **kw)  # noqa: E731
         monkeypatch.setattr(decode, name, spy)
+    devices: list[torch.device] = []
+    real_pad = decode.pad_batch
+    monkeypatch.setattr(decode, "pad_batch", lambda seqs, device: devices.append(device) or real_pad(seqs, device))
     search = dict(max_len_a=0.5, max_len_b=2, autocast_dtype=torch.bfloat16)
     out = translate_sentences(model, tok, sentences, beam=3, lenpen=0.2, batch_size=2, max_tokens=None, **search)
     assert calls == [
@@ -309,6 +313,7 @@ def test_translate_sentences_passes_its_settings_to_the_search(
     assert calls == [("greedy_decode", 3, search)]
     assert out == [tok.decode(greedy_decode(model, s, **search)[0]) for s in src]
     assert "3/3" in capsys.readouterr().err
+    assert devices == [torch.device("cpu")] * 3  # the model's device, then the one given
 
 
 def test_length_batches_exact_groups() -> None:
