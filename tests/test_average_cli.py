@@ -11,9 +11,17 @@ import pytest
 import torch
 
 import tfx.evaluate
-from tests.checkpoint_helpers import write_checkpoint
+from tests.checkpoint_helpers import tiny_config, write_checkpoint
 from tfx import average
-from tfx.average import average_checkpoints, checkpoint_dir, last_checkpoints, parse_args, windows
+from tfx.average import (
+    average_checkpoints,
+    best_window,
+    checkpoint_dir,
+    last_checkpoints,
+    numbered_checkpoints,
+    parse_args,
+    windows,
+)
 from tfx.checkpoint import CheckpointError, atomic_save, load_checkpoint
 
 KEY = "encoder.embedding.embed.weight"
@@ -40,6 +48,7 @@ def run_of(tmp_path: Path, n: int) -> list[Path]:
             "--candidates and --valid-max-sentences must be >= 0",
         ),
         (["--inputs", "a.pt", "--beam", "0"], "--beam must be >= 1"),
+        ([], "one of the arguments --inputs --run-dir is required"),
     ],
 )
 def test_argument_mistakes_are_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
@@ -70,10 +79,17 @@ def spy_scorer(monkeypatch: pytest.MonkeyPatch, seen: list[Any]) -> None:
     """valid_scorer replaced: a window's score is the sum of one parameter; records what it was given."""
 
     def valid_scorer(first: dict[str, Any], args: Any) -> Any:
-        seen.append(first["step"])
+        seen.append((first["step"], args.best_window))
         return lambda ckpt: float(ckpt["model"][KEY].double().sum())
 
     monkeypatch.setattr(tfx.evaluate, "valid_scorer", valid_scorer)
+
+
+def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    reads: list[str] = []
+    real = average.load_checkpoint
+    monkeypatch.setattr(average, "load_checkpoint", lambda p: reads.append(Path(p).name) or real(p))
+    return reads
 
 
 def test_best_window_reports_every_window_and_saves_the_best(
@@ -82,27 +98,51 @@ def test_best_window_reports_every_window_and_saves_the_best(
     paths = run_of(tmp_path, 4)
     seen: list[Any] = []
     spy_scorer(monkeypatch, seen)
-    score = {i: float(average_checkpoints(paths[i : i + 2])["model"][KEY].double().sum()) for i in range(3)}
+    score = {i: float(average_checkpoints(paths[i : i + 3])["model"][KEY].double().sum()) for i in range(2)}
+    reads = count_reads(monkeypatch)
     out = tmp_path / "avg.pt"
-    assert average.main(["--run-dir", str(tmp_path / "run"), "--best-window", "2", "--output", str(out)]) == 0
+    assert average.main(["--run-dir", str(tmp_path / "run"), "--best-window", "3", "--output", str(out)]) == 0
     captured = capsys.readouterr()
     names = [p.name for p in paths]
+    assert sorted(reads) == names  # each checkpoint read once, the first one included
     assert captured.err.splitlines() == [
-        f"window {names[i]} .. {names[i + 1]}: valid score {score[i]:.2f}" for i in range(3)
+        f"window {names[i]} .. {names[i + 2]}: valid score {score[i]:.2f}" for i in range(2)
     ]
     top = max(score, key=score.get)
-    assert captured.out == f"averaged 2 checkpoints ({names[top]}, {names[top + 1]}) -> {out}\n"
+    assert captured.out == f"averaged 3 checkpoints ({', '.join(names[top : top + 3])}) -> {out}\n"
     saved = load_checkpoint(out)
-    assert saved["averaged_from"] == [str(p) for p in paths[top : top + 2]]
-    assert saved["window_scores"] == [[names[i : i + 2], pytest.approx(score[i])] for i in range(3)]
-    assert seen == [100]  # the scorer is built once, from the first window's first checkpoint
+    assert saved["averaged_from"] == [str(p) for p in paths[top : top + 3]]
+    assert saved["window_scores"] == [[names[i : i + 3], pytest.approx(score[i])] for i in range(2)]
+    assert saved["step"] == 100 * (top + 3)
+    assert seen == [(100, 3)]  # the scorer is built once, from the first window's first checkpoint
 
     # --candidates 1: one window, built from its own first checkpoint; --quiet: nothing on stderr
     seen.clear()
-    argv = ["--run-dir", str(tmp_path / "run"), "--best-window", "2", "--candidates", "1", "--quiet"]
+    argv = ["--run-dir", str(tmp_path / "run"), "--best-window", "3", "--candidates", "1", "--quiet"]
     assert average.main([*argv, "--output", str(out)]) == 0
-    assert capsys.readouterr().err == "" and seen == [300]
-    assert load_checkpoint(out)["averaged_from"] == [str(p) for p in paths[2:]]
+    assert capsys.readouterr().err == "" and seen == [(200, 3)]
+    assert load_checkpoint(out)["averaged_from"] == [str(p) for p in paths[1:]]
+
+
+def test_best_window_of_one_checkpoint_and_a_foreign_checkpoint(tmp_path: Path) -> None:
+    """Windows of one are the checkpoints themselves; a checkpoint of another model in the run is refused."""
+    paths = run_of(tmp_path, 3)
+    best, results = best_window(paths, 1, lambda c: -abs(c["step"] - 200))
+    assert [w for w, _ in results] == [[p] for p in paths]
+    assert best["step"] == 200 and best["averaged_from"] == [str(paths[1])]
+    assert all(torch.equal(v, load_checkpoint(paths[1])["model"][k]) for k, v in best["model"].items())
+    write_checkpoint(paths[2], step=300, config=tiny_config(d_model=16))
+    with pytest.raises(
+        CheckpointError, match=r"^cannot average .*checkpoint_1_100\.pt and .*checkpoint_3_300\.pt: model"
+    ):
+        best_window(paths, 2, lambda c: 0.0)
+
+
+def test_numbered_checkpoints_order_by_step_then_epoch(tmp_path: Path) -> None:
+    for name in ("checkpoint_10_500.pt", "checkpoint_9_500.pt", "checkpoint_2_40.pt", "checkpoint_last.pt", "x.pt"):
+        (tmp_path / name).touch()
+    found = [p.name for p in numbered_checkpoints(tmp_path)]
+    assert found == ["checkpoint_2_40.pt", "checkpoint_9_500.pt", "checkpoint_10_500.pt"]
 
 
 def test_too_few_checkpoints_for_the_window_fail_before_any_read(
