@@ -62,6 +62,11 @@ def test_argument_mistakes_are_usage_errors(argv: list[str], message: str, capsy
 
 
 def test_defaults_and_help(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--inputs", "a.pt"])
+    assert capsys.readouterr().err.endswith("error: the following arguments are required: --output\n")
+    args = parse_args(["--run-dir", "r", "--best-window", "3", "--output", "o.pt", "--data-dir", "d"])
+    assert (args.output, args.data_dir) == (Path("o.pt"), Path("d")) and isinstance(args.output, Path)
     args = parse_args(["--run-dir", "r", "--best-window", "3", "--output", "o.pt"])
     assert (args.run_dir, args.best_window, args.last, args.inputs) == (Path("r"), 3, None, None)
     assert (args.candidates, args.valid_max_sentences, args.quiet, args.data_dir) == (0, 0, False, None)
