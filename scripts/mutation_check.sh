@@ -102,7 +102,7 @@ PY
 )
   summary+=("$line")
   echo "$line"
-  (cd "$dir" && mutmut results | sed 's/^/    /') || true
+  (cd "$dir" && mutmut results | grep -v ': not checked$' | sed 's/^/    /') || true
 done
 
 echo
