@@ -203,6 +203,7 @@ def changed(tmp_path: Path, name: str, edit: Any) -> Path:
         (lambda c: c.update(spm_model=c["spm_model"] + b"x"), "their sentencepiece models differ"),
         (lambda c: c["model"].update(extra=torch.zeros(1)), "their parameter names differ"),
     ],
+    ids=["model-config", "vocab-size", "sentencepiece-model", "parameter-names"],
 )
 def test_each_difference_is_named(tmp_path: Path, edit: Any, why: str) -> None:
     a = write_checkpoint(tmp_path / "a.pt")
