@@ -100,3 +100,8 @@ def test_integer_tensors_come_from_the_first_checkpoint(tmp_path: Path) -> None:
         paths.append(tmp_path / f"{i}.pt")
     counter = average_checkpoints(paths)["model"]["counter"]
     assert counter.dtype == torch.int64 and counter.item() == 10
+
+
+def test_step_is_the_highest_even_when_the_first_input_has_it(tmp_path: Path) -> None:
+    paths = [write_checkpoint(tmp_path / f"{s}.pt", step=s) for s in (300, 100, 200)]
+    assert average_checkpoints(paths)["step"] == 300
