@@ -88,3 +88,20 @@ def test_step_is_zero_when_no_input_has_one(tmp_path: Path) -> None:
     del ckpt["step"]
     atomic_save(ckpt, tmp_path / "a.pt")
     assert average_checkpoints([tmp_path / "a.pt"] * 2)["step"] == 0
+
+
+def test_integer_tensors_come_from_the_first_checkpoint(tmp_path: Path) -> None:
+    """A counter (int64) is not averaged: the first input's value is kept, dtype and all."""
+    paths = []
+    for i, step in enumerate((10, 20)):
+        ckpt = load_checkpoint(write_checkpoint(tmp_path / f"{i}.pt", seed=i, step=step))
+        ckpt["model"]["counter"] = torch.tensor(step)
+        atomic_save(ckpt, tmp_path / f"{i}.pt")
+        paths.append(tmp_path / f"{i}.pt")
+    counter = average_checkpoints(paths)["model"]["counter"]
+    assert counter.dtype == torch.int64 and counter.item() == 10
+
+
+def test_step_is_the_highest_even_when_the_first_input_has_it(tmp_path: Path) -> None:
+    paths = [write_checkpoint(tmp_path / f"{s}.pt", step=s) for s in (300, 100, 200)]
+    assert average_checkpoints(paths)["step"] == 300

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import itertools
+import logging
 
 import pytest
 import torch
 
+import tfx.decode as decode
 from tests.conftest import PAD, VOCAB, tiny_model
 from tfx.data import EOS, UNK
 from tfx.decode import (
     beam_search,
     beam_search_nbest,
     block_repeated_ngrams,
+    encode_sources,
     greedy_decode,
     length_batches,
     length_normalized,
+    pad_batch,
     score_sequences,
     translate_sentences,
 )
@@ -234,3 +238,107 @@ def test_zero_maximum_length_gives_empty_outputs(beam: int) -> None:
     model, src = model_with_eos_bias(-50.0), sources()  # EOS never chosen freely: the cap forces it
     hyps = beam_search(model, src, beam=beam, max_len_a=0, max_len_b=0)
     assert hyps == [[]] * src.size(0)
+
+
+def scripted(first: dict[int, float], then: dict[int, float]) -> Transformer:
+    """A model whose logits ignore the source: ``first`` at output position 0, ``then`` after it,
+    every other token at -1e4 (decode with ``use_cache=False`` so each call sees the whole prefix)."""
+    model = seeded(0)
+
+    def logits(positions: int) -> torch.Tensor:
+        out = torch.full((positions, model.vocab_size), -1e4)
+        for t in range(positions):
+            for tok, value in (first if t == 0 else then).items():
+                out[t, tok] = value
+        return out
+
+    model.decoder.register_forward_hook(lambda module, args, out: logits(out.size(1)).expand_as(out).clone())
+    return model
+
+
+def test_more_eos_candidates_than_free_slots_keep_k_hypotheses() -> None:
+    """Beam 2: step 0 finishes the empty output (EOS ranks second), step 1 offers two EOS candidates
+    (after 4 and after 5) for the one slot left; only the better, [4], is kept."""
+    model = scripted({4: 0.0, EOS: -0.1, 5: -0.2}, {EOS: 0.0})
+    nbest = beam_search_nbest(model, sources(b=1), beam=2, lenpen=1.0, min_len=0, use_cache=False)[0]
+    assert [h.tokens for h in nbest] == [[4], []]
+    lp = torch.tensor([0.0, -0.1, -0.2]).log_softmax(0)  # the three live tokens at step 0
+    assert [h.logprob for h in nbest] == pytest.approx([lp[0].item(), lp[1].item()], abs=1e-4)
+
+
+def test_pad_batch_right_pads_with_pad() -> None:
+    out = pad_batch([[5, 6, EOS], [7, EOS], [EOS]], torch.device("cpu"))
+    assert out.dtype == torch.long and out.tolist() == [[5, 6, EOS], [7, EOS, PAD], [EOS, PAD, PAD]]
+
+
+def test_encode_sources_appends_eos_and_cuts_to_the_position_table(caplog: pytest.LogCaptureFixture) -> None:
+    """Limit 4 positions: 3 words + EOS fit exactly; 4 words are cut to 3 + EOS and counted."""
+    tok = WordTokenizer()
+    sentences = ["a b c d", "p q r", "x", ""]
+    words = tok.encode_batch(sentences)
+    with caplog.at_level(logging.WARNING, logger="tfx.decode"):
+        ids = encode_sources(tok, sentences, limit=4)
+    assert ids == [words[0][:3] + [EOS], words[1] + [EOS], words[2] + [EOS], [EOS]]
+    assert caplog.messages == ["1 source sentence(s) longer than 4 tokens were truncated"]
+    assert encode_sources(tok, [], 4) == []
+
+
+def test_translate_sentences_passes_its_settings_to_the_search(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Each batch goes to greedy (beam 1) or beam search with the caller's lenpen, length limits and
+    autocast; batches respect batch_size and go to the given device (default: the model's); the
+    output is the decoded best hypothesis per sentence."""
+    model, tok = model_with_eos_bias(-2.0), WordTokenizer()
+    sentences = ["a b c d e f", "x y", "p q r"]
+    calls: list[tuple[str, int, dict]] = []
+    for name in ("greedy_decode", "beam_search"):
+        real = getattr(decode, name)
+        spy = lambda m, src, _f=real, _n=name, **kw: calls.append((_n, src.size(0), kw)) or _f(m, src, **kw)  # noqa: E731
+        monkeypatch.setattr(decode, name, spy)
+    devices: list[torch.device] = []
+    real_pad = decode.pad_batch
+    monkeypatch.setattr(decode, "pad_batch", lambda seqs, device: devices.append(device) or real_pad(seqs, device))
+    search = dict(max_len_a=0.5, max_len_b=2, autocast_dtype=torch.bfloat16)
+    out = translate_sentences(model, tok, sentences, beam=3, lenpen=0.2, batch_size=2, max_tokens=None, **search)
+    assert calls == [
+        ("beam_search", 2, dict(beam=3, lenpen=0.2, **search)),
+        ("beam_search", 1, dict(beam=3, lenpen=0.2, **search)),
+    ]
+    src = [torch.tensor([ids]) for ids in encode_sources(tok, sentences, 64)]
+    assert out == [tok.decode(beam_search(model, s, beam=3, lenpen=0.2, **search)[0]) for s in src]
+    assert capsys.readouterr().err == ""  # no progress bar unless asked
+    calls.clear()
+    out = translate_sentences(model, tok, sentences, beam=1, device="cpu", progress=True, **search)
+    assert calls == [("greedy_decode", 3, search)]
+    assert out == [tok.decode(greedy_decode(model, s, **search)[0]) for s in src]
+    assert "3/3" in capsys.readouterr().err
+    assert devices == [torch.device("cpu")] * 3  # the model's device, then the one given
+
+
+def test_length_batches_exact_groups() -> None:
+    """Longest first (stable among equals); a batch may fill the token budget exactly."""
+    assert length_batches([4, 4, 4, 2], max_tokens=8, batch_size=None) == [[0, 1], [2, 3]]
+    assert length_batches([1, 2, 3, 4, 5], max_tokens=None, batch_size=2) == [[4, 3], [2, 1], [0]]
+    assert length_batches([3, 3, 3], max_tokens=100, batch_size=2) == [[0, 1], [2]]
+    with pytest.raises(ValueError, match="^give max_tokens or batch_size$"):
+        length_batches([1], None, None)
+
+
+def test_score_sequences_checks_counts_and_takes_empty_input() -> None:
+    model, src = seeded(0), sources(b=3)
+    with pytest.raises(ValueError, match="^2 hypotheses for 3 sources$"):
+        score_sequences(model, src, [[4], [5]])
+    assert score_sequences(model, src[:0], []).shape == (0,)
+
+
+def test_greedy_and_beam_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both searches use the KV cache unless told not to, and forbid an empty output (min_len 1)."""
+    eager = model_with_eos_bias(+1e4)
+    assert all(len(h) == 1 for h in greedy_decode(eager, sources()))
+    used: list[bool] = []
+    real = decode.make_stepper
+    monkeypatch.setattr(decode, "make_stepper", lambda *a, **kw: used.append(a[2]) or real(*a, **kw))
+    greedy_decode(eager, sources())
+    beam_search(eager, sources(), beam=2)
+    assert used == [True, True]

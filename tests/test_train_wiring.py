@@ -13,15 +13,18 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+import tfx.train as train_mod
 import tfx.validate as validate_mod
 from tests.test_train import free_port, join_two_ranks, tiny_cfg
+from tfx import distributed
 from tfx.checkpoint import build_from_checkpoint, load_checkpoint
 from tfx.config import Config
 from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, collate, make_batches, prepare_data
+from tfx.distributed import DistInfo
 from tfx.init import apply_init
 from tfx.model import build_model
-from tfx.train import train
+from tfx.train import Trainer, train
 
 EPS = 0.3  # an unusual label-smoothing value: a trainer that ignores the config uses 0.1 or 0
 
@@ -169,7 +172,66 @@ def test_validate_every_minutes_validates_when_due(tmp_path: Path) -> None:
     assert [s for s, _ in tensorboard_scalars(tmp_path / "off", "valid/bleu")] == [3]
 
 
-# --- DDP: 2 gloo processes -------------------------------------------------------------------------
+def test_each_epoch_is_shuffled_with_its_own_number(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    planned: list[int] = []
+    real = train_mod.make_batches
+    monkeypatch.setattr(train_mod, "make_batches", lambda *a, **kw: planned.append(kw["epoch"]) or real(*a, **kw))
+    train(wiring_cfg(tmp_path, max_updates=100, max_epochs=2), tmp_path / "run")
+    assert planned == [1, 2]
+
+
+def test_keep_last_prunes_by_update_not_by_file_name(tmp_path: Path) -> None:
+    """Ten numbered saves: the two newest are updates 9 and 10, though checkpoint_E_10.pt sorts
+    before checkpoint_E_9.pt by name."""
+    train(wiring_cfg(tmp_path, max_updates=10, save_every_updates=1, keep_last=2), tmp_path / "run")
+    numbered = (tmp_path / "run" / "checkpoints").glob("checkpoint_*_*.pt")
+    assert sorted(int(p.stem.rsplit("_", 1)[1]) for p in numbered) == [9, 10]
+
+
+def thirty_seconds_per_update(trainer: Any, _metrics: dict[str, float]) -> None:
+    """Training time as a clock that reads 30 s per update (the hook runs before the budget and
+    validation checks), so minute budgets are tested exactly, without sleeping."""
+    trainer.state.train_seconds = 30.0 * trainer.state.step
+
+
+def test_max_minutes_counts_minutes_of_training_time(tmp_path: Path) -> None:
+    """One minute at 30 s per update: the budget is spent after update 2, not 1 (seconds) or 3 (>)."""
+    summary = train(wiring_cfg(tmp_path, max_updates=10, max_minutes=1.0), tmp_path / "run", thirty_seconds_per_update)
+    assert summary["step"] == 2
+
+
+def test_validate_every_minute_of_training_time(tmp_path: Path) -> None:
+    """At 30 s per update, validation is due every second update (and at the end of the run)."""
+    cfg = wiring_cfg(tmp_path, max_updates=5, validate_every_minutes=1.0)
+    train(cfg, tmp_path / "run", thirty_seconds_per_update)
+    assert [s for s, _ in tensorboard_scalars(tmp_path / "run", "valid/bleu")] == [2, 4, 5]
+
+
+# --- DDP: two ranks emulated in this process (fast), then 2 gloo processes (slow) ----------------
+
+
+def test_two_rank_step_scales_by_world_size_over_the_global_token_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real ``train_step`` in a two-rank world whose ranks hold identical batches: every
+    all-reduced sum doubles and DDP's gradient average is the identity, so the correct step
+    (loss * world size / all ranks' tokens) gives exactly the one-rank gradient. Dropping the
+    world-size factor halves it; dividing by this rank's tokens only (no all-reduce) doubles it."""
+    cfg = wiring_cfg(tmp_path, max_updates=1)
+    trainer = Trainer(cfg, tmp_path / "run")
+    try:
+        trainer.dist = DistInfo(rank=0, world_size=2)
+        monkeypatch.setattr(distributed, "all_reduce_sum", lambda value, device: 2 * value)
+        split = trainer.corpus.splits["train"]
+        plan = make_batches(
+            split, cfg.data.max_tokens, cfg.data.max_sentences, shuffle=True, seed=cfg.train.seed, epoch=1
+        )
+        metrics = trainer.train_step([collate(split, plan[0])])
+    finally:
+        trainer.close()
+    ref = reference_first_update(cfg)
+    assert metrics["train/grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4)
+    assert metrics["train/loss"] == pytest.approx(ref["loss"], rel=1e-5)
 
 
 def _first_update_worker(rank: int, cfg: Config, run_dir: str, port: int, out: str) -> None:

@@ -72,12 +72,49 @@ def test_collate_pads_and_shifts(train):
         assert np.array_equal(batch.src_tokens[row, : len(train.src[i])].numpy(), train.src[i])
 
 
+def test_collate_writes_every_decoder_input_cell(train, monkeypatch):
+    """Scratch memory from ``np.empty*`` often still holds an earlier batch's BOS column, which hid a
+    ``prev[:, 1] = BOS`` mistake; filled with a sentinel here, any cell collate forgets shows up."""
+    sentinel = 99
+    real_empty_like = np.empty_like
+    monkeypatch.setattr(
+        np, "empty_like", lambda a, *args, **kw: np.full_like(real_empty_like(a, *args, **kw), sentinel)
+    )
+    batch = collate(train, [0, 5, 9])
+    expected = torch.full_like(batch.target, PAD)
+    for row, i in enumerate(batch.indices):
+        tgt = torch.from_numpy(train.tgt[i])
+        expected[row, : len(tgt)] = torch.cat([torch.tensor([BOS]), tgt[:-1]])
+    assert torch.equal(batch.prev_output_tokens, expected)
+
+
 def test_batch_moves_between_devices(train):
     batch = collate(train, [1, 2])
     moved = batch.to("cpu")
     assert torch.equal(moved.target, batch.target) and moved.ntokens == batch.ntokens
     if torch.cuda.is_available():
         assert batch.pin_memory().src_tokens.is_pinned()
+
+
+def test_batch_to_and_pin_memory_copy_every_tensor_with_the_right_flags(train, monkeypatch):
+    """Tensor.to / pin_memory recorded (CPU has no pinned memory): every tensor goes through them,
+    and ``to`` is blocking unless asked, since a non-blocking copy back to the host may be read early."""
+    batch = collate(train, [1, 2])
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, device, **kw: calls.append(("to", device, kw)) or t.clone())
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: calls.append(("pin",)) or t.clone())
+    tensors = sum(isinstance(v, torch.Tensor) for v in vars(batch).values())
+    moved = batch.to("meta")
+    assert calls == [("to", "meta", {"non_blocking": False})] * tensors
+    calls.clear()
+    batch.to("meta", non_blocking=True)
+    assert calls == [("to", "meta", {"non_blocking": True})] * tensors
+    calls.clear()
+    pinned = batch.pin_memory()
+    assert calls == [("pin",)] * tensors
+    for copy in (moved, pinned):
+        assert torch.equal(copy.target, batch.target) and copy.indices == batch.indices
+        assert copy.ntokens == batch.ntokens
 
 
 def split_of(lengths: list[tuple[int, int]]) -> EncodedSplit:

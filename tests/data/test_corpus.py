@@ -82,9 +82,11 @@ def test_empty_split_is_an_error(tmp_path):
         prepare_data(cfg)
 
 
-@pytest.mark.parametrize("change", [{"vocab_size": 100}, {"spm_model_type": "unigram"}])
+@pytest.mark.parametrize(
+    "change", [{"vocab_size": 100}, {"spm_model_type": "unigram"}, {"spm_character_coverage": 0.98}]
+)
 def test_changed_sentencepiece_settings_retrain_and_reencode(tmp_path, monkeypatch, change):
-    """A new vocab_size or model_type trains a new model, and every split is encoded by it: the
+    """A new vocab_size, model_type or character_coverage trains a new model, and every split is encoded by it: the
     encoded-corpus cache is keyed by the tokenizer, so ids of the old model are never reused."""
     old = prepare_data(toy_config(tmp_path), splits=("train", "valid"))
     trained = []

@@ -1,0 +1,96 @@
+"""Small pieces of tfx.model checked exactly: the KV cache's bookkeeping, constructor defaults and
+refusals, PAD embeddings, activation checkpointing on both stacks."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+import torch
+
+import tfx.model.transformer as transformer_mod
+from tests.conftest import PAD, VOCAB, random_batch, tiny_model
+from tfx.config import ModelConfig
+from tfx.model import MultiheadAttention, Transformer, build_model
+from tfx.model.attention import KVCache
+from tfx.model.norm import get_placement
+
+
+def steps(*lengths: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 3, t, 4, generator=g) for t in lengths]  # (N, H, t, Dh)
+
+
+def test_static_cache_keeps_the_source_length_and_reorders_rows() -> None:
+    k = torch.arange(2 * 3 * 5 * 4, dtype=torch.float).view(2, 3, 5, 4)  # 5 source steps, head dim 4
+    cache = KVCache()
+    cache.store(k, -k)
+    assert cache.length == 5
+    keys, values = cache.keys_values()
+    assert torch.equal(keys, k) and torch.equal(values, -k)
+    cache.reorder(torch.tensor([1, 0]))
+    assert torch.equal(cache.keys_values()[0], k[[1, 0]])
+
+
+def test_growing_cache_appends_doubles_and_reorders_the_valid_part() -> None:
+    """Capacity 3: 2 + 2 steps grow it to 4, one more doubles it to 8; every read is the concatenation."""
+    cache = KVCache(capacity=3)
+    parts = steps(2, 2, 1)
+    for i, part in enumerate(parts):
+        keys, values = cache.append(part, 2 * part)
+        assert torch.equal(keys, torch.cat(parts[: i + 1], dim=2)) and torch.equal(values, 2 * keys)
+    assert (cache.length, cache.k.size(2)) == (5, 8)
+    cache.reorder(torch.tensor([1, 0]))
+    assert torch.equal(cache.keys_values()[0], torch.cat(parts, dim=2)[[1, 0]])
+    assert cache.k.size(2) == 8  # still room to append without a copy
+
+
+def test_refusals_name_the_setting() -> None:
+    with pytest.raises(ValueError, match=r"^model\.norm='mid': use one of \['none', 'post', 'pre'\]$"):
+        get_placement("mid")
+    with pytest.raises(ValueError, match=r"^d_model=30 must be divisible by heads=4$"):
+        MultiheadAttention(30, 4)
+
+
+def test_transformer_defaults_are_the_config_defaults() -> None:
+    """Two places state the base model's shape; they must agree."""
+    params = inspect.signature(Transformer.__init__).parameters
+    for field in dataclasses.fields(ModelConfig):
+        assert params[field.name].default == field.default, field.name
+
+
+def test_build_model_takes_a_config_or_its_dict() -> None:
+    cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=16, ffn_dim=24, heads=2, max_positions=40)
+    for given in (cfg, dataclasses.asdict(cfg)):
+        model = build_model(given, VOCAB, PAD)
+        assert (len(model.encoder.layers), len(model.decoder.layers), model.vocab_size) == (1, 2, VOCAB)
+        assert model.decoder.embedding.positions.shape == (40, 16)
+
+
+def test_pad_embeddings_are_zero_and_get_no_gradient() -> None:
+    """Untied embeddings (a tied one also gets the output layer's PAD-logit gradient)."""
+    torch.manual_seed(0)
+    model = tiny_model(share_decoder_embeddings=False)
+    src, prev = random_batch()
+    model(src, prev).sum().backward()
+    for embed in (model.encoder.embedding.embed, model.decoder.embedding.embed):
+        assert embed.weight[PAD].eq(0).all() and embed.weight.grad[PAD].eq(0).all()
+    assert embed.weight.grad.ne(0).any()
+
+
+def test_activation_checkpointing_wraps_every_layer_of_both_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[type] = []
+    real = transformer_mod.checkpoint
+    monkeypatch.setattr(
+        transformer_mod, "checkpoint", lambda layer, *a, **kw: calls.append(type(layer)) or real(layer, *a, **kw)
+    )
+    model = tiny_model(enc=2, dec=3)
+    model.set_activation_checkpointing(True)
+    src, prev = random_batch()
+    model(src, prev).sum().backward()
+    assert [c.__name__ for c in calls] == ["EncoderLayer"] * 2 + ["DecoderLayer"] * 3
+    calls.clear()
+    with torch.no_grad():
+        model(src, prev)  # nothing to recompute without gradients
+    assert calls == []
