@@ -33,7 +33,7 @@ from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, Batch, DataError, collate, make_batches, prepare_data
 from tfx.diagnostics import ActivationRMS, layer_stats
 from tfx.distributed import DeviceError
-from tfx.init import apply_init
+from tfx.init import NEEDS_BATCH, apply_init
 from tfx.logger import Progress, RunLogger
 from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer, lr_at, set_lr
@@ -141,7 +141,8 @@ class Trainer:
         self.model: Transformer = build_model(cfg.model, self.corpus.tokenizer.vocab_size, PAD)
         # A resumed run reads every weight (Admin's omega too) from its checkpoint: no init, no profiling.
         if self.ckpts.resume_path(cfg.train.resume) is None:
-            apply_init(self.model, cfg.init.name, seed=cfg.train.seed, batch=self._first_batch())
+            batch = self._first_batch() if cfg.init.name in NEEDS_BATCH else None
+            apply_init(self.model, cfg.init.name, seed=cfg.train.seed, batch=batch)
         if self.dist.rank > 0:
             torch.manual_seed(cfg.train.seed + DROPOUT_SEED_STRIDE * self.dist.rank)
         self.model.to(self.device)

@@ -14,7 +14,7 @@ from tests.conftest import PAD, VOCAB, random_batch, tiny_model
 from tfx.config import ModelConfig
 from tfx.model import MultiheadAttention, Transformer, build_model
 from tfx.model.attention import KVCache
-from tfx.model.norm import get_placement
+from tfx.model.residual import residual_class
 
 
 def steps(*lengths: int, seed: int = 0) -> list[torch.Tensor]:
@@ -47,8 +47,9 @@ def test_growing_cache_appends_doubles_and_reorders_the_valid_part() -> None:
 
 
 def test_refusals_name_the_setting() -> None:
-    with pytest.raises(ValueError, match=r"^model\.norm='mid': use one of \['none', 'post', 'pre'\]$"):
-        get_placement("mid")
+    kinds = r"\['admin', 'deepnorm', 'none', 'post', 'pre'\]"
+    with pytest.raises(ValueError, match=rf"^model\.norm='mid': use one of {kinds}$"):
+        residual_class("mid")
     with pytest.raises(ValueError, match=r"^d_model=30 must be divisible by heads=4$"):
         MultiheadAttention(30, 4)
 

@@ -27,6 +27,9 @@ SCHEMES: dict[str, InitFn] = {
     "admin": init_admin,
 }
 
+# Schemes that read the first training batch (the trainer plans it only for these).
+NEEDS_BATCH: frozenset[str] = frozenset({"admin"})
+
 # Schemes that only make sense with one residual kind (``model.norm``).
 NEEDS_NORM: dict[str, str] = {"tfixup": "none", "deepnorm": "deepnorm", "admin": "admin"}
 
@@ -50,6 +53,7 @@ def apply_init(model: Transformer, name: str, seed: int = 1, batch: ModelInputs 
 
 
 __all__ = [
+    "NEEDS_BATCH",
     "NEEDS_NORM",
     "ModelInputs",
     "SCHEMES",
