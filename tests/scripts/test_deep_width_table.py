@@ -1,0 +1,60 @@
+"""scripts/deep_width_table.py: losses come from the run's log, and the pass criterion is issue 13's."""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import load_script
+
+
+@pytest.fixture(scope="module")
+def dw() -> ModuleType:
+    return load_script("deep_width_table")
+
+
+LOG = """\
+[2026-11-30 08:35:31,692][tfx.train][INFO] - run folder x | deep | 6+6 layers d512 norm=none init=tfixup
+[2026-11-30 08:35:37,692][tfx.train][INFO] - update 1/3 | epoch 1 | loss 8.248 | lr 5.00e-04
+[2026-11-30 08:35:43,692][tfx.train][INFO] - update 2/3 | epoch 1 | loss 14.868 | lr 5.00e-04
+[2026-11-30 08:35:49,692][tfx.train][INFO] - update 3/3 | epoch 1 | loss 7.802 | lr 5.00e-04
+[2026-11-30 08:35:53,000][tfx.train][INFO] - validation at update 3 (0.1 train min): loss 7.9 | BLEU 0.4
+"""
+
+
+def test_parse_log_reads_every_update_and_its_time(dw: ModuleType) -> None:
+    losses, per_update, diverged = dw.parse_log(LOG)
+    assert losses == [8.248, 14.868, 7.802]
+    assert per_update == pytest.approx(6.0) and not diverged
+
+
+def test_parse_log_sees_divergence_and_nan(dw: ModuleType) -> None:
+    text = LOG.replace("loss 7.802", "loss nan") + "[x][tfx.train][ERROR] - 10 consecutive non-finite steps at update 3"
+    losses, _, diverged = dw.parse_log(text)
+    assert math.isnan(losses[-1]) and diverged
+
+
+@pytest.mark.parametrize(
+    ("losses", "diverged", "passed"),
+    [
+        ([8.2, 7.5, 7.9, 6.0], False, True),
+        ([8.2, 14.9, 7.0, 6.0], False, False),  # a spike above update 1 fails even if it recovers
+        ([8.2, 8.1, 8.3], False, False),  # the last update not below the first
+        ([8.2, 7.0, 6.0], True, False),
+        ([8.2, math.nan, 6.0], False, False),
+        ([8.2], False, False),
+    ],
+)
+def test_pass_criterion(dw: ModuleType, losses: list[float], diverged: bool, passed: bool) -> None:
+    assert dw.Row("c", 6, losses, 1.0, diverged).passed is passed
+
+
+def test_every_candidate_is_a_valid_override_set(dw: ModuleType, tmp_path) -> None:
+    from tests.test_config import load
+
+    for name in dw.CANDIDATES:
+        args = dw.overrides(name, 3, 30, "fp32", tmp_path)
+        cfg = load([a for a in args if not a.startswith("hydra.")])
+        assert cfg.model.encoder_layers == 3 and cfg.train.log_every_updates == 1 and cfg.data.max_tokens == 256
