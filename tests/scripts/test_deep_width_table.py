@@ -6,8 +6,13 @@ import math
 from types import ModuleType
 
 import pytest
+import torch
 
 from tests.conftest import load_script
+from tfx.config import OptimConfig
+from tfx.criterion import label_smoothed_loss
+from tfx.init import apply_init
+from tfx.model import Transformer
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +63,45 @@ def test_every_candidate_is_a_valid_override_set(dw: ModuleType, tmp_path) -> No
         args = dw.overrides(name, 3, 30, "fp32", tmp_path)
         cfg = load([a for a in args if not a.startswith("hydra.")])
         assert cfg.model.encoder_layers == 3 and cfg.train.log_every_updates == 1 and cfg.data.max_tokens == 256
+
+
+def tiny_batch(seed: int):
+    from tfx.data import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (3, 7), generator=g)
+    target = torch.randint(4, 40, (3, 6), generator=g)
+    prev = torch.cat([torch.full((3, 1), 2), target[:, :-1]], dim=1)
+    return Batch(src, torch.full((3,), 7), prev, target, target.numel(), [0, 1, 2])
+
+
+def tiny_model() -> Transformer:
+    model = Transformer(40, 0, 2, 2, d_model=16, ffn_dim=32, heads=4, norm="none", dropout=0.0,
+                        attention_dropout=0.0, activation_dropout=0.0)  # fmt: skip
+    apply_init(model, "tfixup", seed=1)
+    return model
+
+
+def test_first_step_probe_is_adamw_first_update_and_restores_the_weights(dw: ModuleType) -> None:
+    """The probe's loss after update 1 equals torch AdamW's real first step; the weights come back."""
+    first, second = tiny_batch(1), tiny_batch(2)
+    optim = OptimConfig(lr=3e-3)
+    model = tiny_model()
+    start = [p.detach().clone() for p in model.parameters()]
+    before, after = dw.first_step_probe(model, first, second, optim, [3e-3, 0.0])
+    for p, q in zip(model.parameters(), start, strict=True):
+        torch.testing.assert_close(p.detach(), q, rtol=1e-5, atol=1e-7)
+    assert after[0.0] == pytest.approx(before, abs=1e-5)
+
+    reference = tiny_model()
+    opt = torch.optim.AdamW(reference.parameters(), lr=3e-3, betas=optim.betas, eps=optim.eps,
+                            weight_decay=optim.weight_decay)  # fmt: skip
+    reference.train()
+    loss, _ = label_smoothed_loss(reference(first.src_tokens, first.prev_output_tokens), first.target, 0.1, 0)
+    (loss / first.ntokens).backward()
+    opt.step()
+    reference.eval()
+    with torch.no_grad():
+        loss, _ = label_smoothed_loss(reference(second.src_tokens, second.prev_output_tokens), second.target, 0.1, 0)
+    assert after[3e-3] == pytest.approx(loss.item() / second.ntokens / math.log(2), rel=1e-4)
+    assert after[3e-3] != pytest.approx(before, abs=1e-3)  # the step did something
