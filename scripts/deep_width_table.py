@@ -118,7 +118,7 @@ def _bits(x: float) -> str:
     return f"{x:.2f}" if abs(x) < 1000 else f"{x:.3g}"
 
 
-def table(rows: list[Row]) -> str:
+def table(rows: list[Row], updates: int) -> str:
     lines = [
         "| candidate | N | loss @1 | max loss 1..U | loss @U | U | s/update | pass |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
@@ -128,6 +128,8 @@ def table(rows: list[Row]) -> str:
             lines.append(f"| {r.candidate} | {r.depth} | - | - | - | 0 | - | no run |")
             continue
         verdict = "yes" if r.passed else ("no (diverged)" if r.diverged else "no")
+        if len(r.losses) < updates and not r.diverged:
+            verdict += f" (so far: {len(r.losses)} of {updates} updates)"
         lines.append(
             f"| {r.candidate} | {r.depth} | {r.losses[0]:.2f} | {_bits(max(r.losses))} | {_bits(r.losses[-1])} | "
             f"{len(r.losses)} | {r.seconds_per_update:.2f} | {verdict} |"
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with ThreadPoolExecutor(args.jobs) as pool:
             rows = list(pool.map(lambda cn: run_one(*cn, args), plan))
-    text = table(rows)
+    text = table(rows, args.updates)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "deep_width_table.md").write_text(text + "\n")

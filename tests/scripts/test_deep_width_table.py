@@ -105,3 +105,10 @@ def test_first_step_probe_is_adamw_first_update_and_restores_the_weights(dw: Mod
         loss, _ = label_smoothed_loss(reference(second.src_tokens, second.prev_output_tokens), second.target, 0.1, 0)
     assert after[3e-3] == pytest.approx(loss.item() / second.ntokens / math.log(2), rel=1e-4)
     assert after[3e-3] != pytest.approx(before, abs=1e-3)  # the step did something
+
+
+def test_table_marks_unfinished_runs(dw: ModuleType) -> None:
+    rows = [dw.Row("a", 6, [8.2, 7.0], 1.0, False), dw.Row("b", 6, [8.2, 9.0, 7.0], 1.0, False)]
+    lines = dw.table(rows, updates=2).splitlines()
+    assert lines[2].endswith("| yes |") and lines[3].endswith("| 9.00 | 7.00 | 3 | 1.00 | no |")
+    assert dw.table(rows[:1], updates=30).splitlines()[2].endswith("| yes (so far: 2 of 30 updates) |")
