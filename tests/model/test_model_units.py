@@ -95,3 +95,34 @@ def test_activation_checkpointing_wraps_every_layer_of_both_stacks(monkeypatch: 
     with torch.no_grad():
         model(src, prev)  # nothing to recompute without gradients
     assert calls == []
+
+
+def test_a_decode_step_caches_the_encoder_keys_once_per_layer() -> None:
+    """Cross-attention keys and values are computed at the first step and reused after."""
+    model = tiny_model(dec=3).eval()
+    src, tgt = random_batch()
+    state = model.new_decoder_state()
+    encoder_out = model.encode(src)
+    with torch.no_grad():
+        model.decode_step(tgt[:, :1], encoder_out, state)
+        cached = [layer["cross"].keys_values()[0] for layer in state.layers]
+        model.decode_step(tgt[:, 1:2], encoder_out, state)
+    assert [layer["cross"].length for layer in state.layers] == [src.size(1)] * 3
+    reused = [layer["cross"].keys_values()[0].data_ptr() for layer in state.layers]
+    assert reused == [k.data_ptr() for k in cached]
+    assert [layer["self"].length for layer in state.layers] == [2] * 3
+
+
+def test_attention_dropout_acts_in_training_only() -> None:
+    attn = MultiheadAttention(16, 2, dropout=0.5)
+    plain = MultiheadAttention(16, 2)
+    plain.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    assert not torch.allclose(attn.train()(x, x), plain(x, x))  # a dropout mask in training
+    torch.testing.assert_close(attn.eval()(x, x), plain(x, x))  # none in evaluation
+
+
+def test_positions_are_not_saved_in_the_state_dict() -> None:
+    """The sinusoid table is rebuilt from max_positions, so checkpoints stay loadable when it changes."""
+    assert not any("positions" in key for key in tiny_model().state_dict())
