@@ -66,6 +66,7 @@ def test_build_model_takes_a_config_or_its_dict() -> None:
     for given in (cfg, dataclasses.asdict(cfg)):
         model = build_model(given, VOCAB, PAD)
         assert (len(model.encoder.layers), len(model.decoder.layers), model.vocab_size) == (1, 2, VOCAB)
+        assert model.pad_id == model.encoder.pad_id == PAD
         assert model.decoder.embedding.positions.shape == (40, 16)
 
 

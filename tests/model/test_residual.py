@@ -124,6 +124,7 @@ def test_the_default_transformer_is_the_config_default_model() -> None:
     assert enc.layers[0].self_attn_block.dropout.p == cfg.dropout and enc.embedding.dropout.p == cfg.dropout
     assert enc.layers[0].ffn.activation_dropout.p == cfg.activation_dropout
     assert enc.layers[0].self_attn.dropout == cfg.attention_dropout
+    assert dec.layers[0].self_attn.dropout == dec.layers[0].encoder_attn.dropout == cfg.attention_dropout
     assert model.embeddings_shared == cfg.share_all_embeddings
     assert (dec.output_projection is None) == cfg.share_decoder_embeddings
     assert dec.embedding.positions.size(0) == cfg.max_positions
