@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without `pip install -e .`
-from tfx.config import Config, register_configs  # noqa: E402
+from tfx.config import Config, compose_config  # noqa: E402
 from tfx.criterion import label_smoothed_loss  # noqa: E402
 from tfx.data import BOS, PAD, collate, make_batches, prepare_data  # noqa: E402
 from tfx.distributed import DeviceError, resolve_device  # noqa: E402
@@ -63,7 +63,6 @@ from tfx.model import Transformer, build_model  # noqa: E402
 from tfx.optim import build_optimizer, lr_at, set_lr  # noqa: E402
 from tfx.precision import Precision  # noqa: E402
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "fairseq_peer.sh"
 PEER_LOG_INTERVAL = 10  # fairseq_peer.sh's --log-interval
 
@@ -98,13 +97,7 @@ TOP_OTHER = 6  # ops of the "other" family named under the table
 
 def compose(experiment: str, overrides: list[str]) -> Config:
     """The experiment's resolved config, as ``python -m tfx.train +experiment=NAME ...`` would see it."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return OmegaConf.to_object(hydra_compose("config", overrides=[f"+experiment={experiment}", *overrides]))
+    return compose_config([f"+experiment={experiment}", *overrides])
 
 
 def peak_tflops(device: torch.device, override: float | None) -> float | None:

@@ -175,17 +175,13 @@ def first_step_probe(model, first, second, optim, lrs: list[float]) -> tuple[flo
 def first_step_losses(overrides: list[str], lrs: list[float]) -> tuple[float, dict[float, float]]:
     """``first_step_probe`` on the run that ``overrides`` describe: its model, init and first two batches."""
     import torch
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
-    from tfx.config import register_configs
+    from tfx.config import compose_config
     from tfx.data import PAD, collate, make_batches, prepare_data
     from tfx.init import apply_init
     from tfx.model import build_model
 
-    register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = OmegaConf.to_object(compose("config", overrides=[o for o in overrides if not o.startswith("hydra.")]))
+    cfg = compose_config([o for o in overrides if not o.startswith("hydra.")])
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)

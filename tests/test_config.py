@@ -12,16 +12,14 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from tfx.config import PRECISIONS, Config, register_configs
+from tfx.config import PRECISIONS, Config, compose_config, register_configs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
 def load(overrides: list[str]) -> Config:
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return OmegaConf.to_object(compose("config", overrides=overrides))
+    return compose_config(overrides)
 
 
 def test_experiments_exist() -> None:

@@ -9,6 +9,7 @@ Hydra validates types and unknown keys against these classes (registered in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tfx.init import SCHEMES, check_fits
@@ -225,6 +226,19 @@ class Config:
 
     def __post_init__(self) -> None:
         check_fits(self.init.name, self.model.norm)
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # what ``tfx.train`` reads (config_path="../conf")
+
+
+def compose_config(overrides: list[str]) -> Config:
+    """The typed config ``python -m tfx.train OVERRIDES`` would run with, outside the Hydra app (scripts, tests)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return OmegaConf.to_object(compose("config", overrides=overrides))
 
 
 def register_configs() -> None:
