@@ -13,12 +13,15 @@
 # Each module is mutated in its own scratch copy of the tree (mutmut writes a mutants/ folder and
 # reads one [tool.mutmut] config), so runs never touch the working tree. Prints killed/survived per
 # module, then the surviving mutants (`mutmut show NAME` in the scratch folder shows a diff).
-# Runs at nice 19 with MUTATION_CHILDREN (default 1) parallel workers.
+# Runs at nice 19 with MUTATION_CHILDREN (default 1) parallel workers, each test process on one
+# OpenMP thread: mutmut's timeout is a CPU-time limit, and idle OpenMP threads spinning on a busy
+# machine burn CPU time, which turned equivalent mutants into false timeouts (detected) at 3x.
 set -euo pipefail
 
 REPO=$(cd "${MUTATION_REPO:-$(dirname "$0")/..}" && pwd)
 WORK=${MUTATION_WORK:-${TMPDIR:-/tmp}/tfx-mutation}
 CHILDREN=${MUTATION_CHILDREN:-1}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 declare -A SOURCES=(
   [init]="tfx/init/*" [criterion]="tfx/criterion.py" [optim]="tfx/optim.py" [decode]="tfx/decode.py"
   [average]="tfx/average.py" [model]="tfx/model/*" [batching]="tfx/data/batching.py"

@@ -25,6 +25,8 @@ from tfx.decode import (
 )
 from tfx.model import Transformer
 
+NEG_INF = float("-inf")
+
 
 def sources(b: int = 4, s: int = 9, seed: int = 0) -> torch.Tensor:
     """Right-padded sources of different lengths, each ending with EOS."""
@@ -342,3 +344,51 @@ def test_greedy_and_beam_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     greedy_decode(eager, sources())
     beam_search(eager, sources(), beam=2)
     assert used == [True, True]
+
+
+@pytest.mark.parametrize("search", [beam_search, greedy_decode])
+def test_empty_batch_gives_no_outputs(search) -> None:
+    assert search(seeded(0), torch.zeros((0, 5), dtype=torch.long)) == []
+
+
+@pytest.mark.parametrize("search", [beam_search, greedy_decode])
+def test_autocast_dtype_reaches_the_decoder(search) -> None:
+    model, dtypes = seeded(0), set()
+    model.decoder.register_forward_hook(lambda module, args, out: dtypes.add(out.dtype))
+    search(model, sources(b=2), autocast_dtype=torch.bfloat16, max_len_b=3)
+    assert dtypes == {torch.bfloat16}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((2, 1.0, -0.5, 10, 1, 0), "^max_len_a, max_len_b, min_len and no_repeat_ngram must be >= 0$"),
+        ((2, float("nan"), 1.2, 10, 1, 0), "^lenpen=nan must be finite$"),
+        ((0, 1.0, 1.2, 10, 1, 0), "^beam=0 must be >= 1$"),
+    ],
+)
+def test_check_args_messages(args: tuple, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        decode.check_args(*args)
+
+
+def test_max_output_length_is_computed_in_float64_like_fairseq() -> None:
+    """1.05 * 100 is 105.00000000000001 in float64 (fairseq's Python floats) but 104.99999 in float32."""
+    src = torch.full((1, 100), 5)
+    assert decode.max_output_lengths(src, 1.05, 0, 1000).tolist() == [int(1.05 * 100)] == [105]
+
+
+def test_greedy_length_capped_by_positions() -> None:
+    torch.manual_seed(0)
+    model = tiny_model(max_positions=12).eval()
+    model.decoder.register_forward_hook(lambda module, args, out: out - 1e4 * (torch.arange(out.size(-1)) == EOS))
+    out = greedy_decode(model, sources(), max_len_a=10, max_len_b=100)
+    assert all(len(h) == 11 for h in out)  # BOS + 11 tokens fill the 12 positions
+
+
+def test_beam_search_with_nan_model_returns_an_empty_hypothesis() -> None:
+    """A model that outputs NaN finishes nothing; every sentence still gets one (empty, -inf) hypothesis."""
+    model = seeded(0)
+    model.decoder.register_forward_hook(lambda module, args, out: out * float("nan"))
+    nbest = beam_search_nbest(model, sources(b=3), beam=2)
+    assert [[(h.tokens, h.score, h.logprob) for h in hyps] for hyps in nbest] == [[([], NEG_INF, NEG_INF)]] * 3
