@@ -363,6 +363,9 @@ def test_autocast_dtype_reaches_the_decoder(search) -> None:
     ("args", "message"),
     [
         ((2, 1.0, -0.5, 10, 1, 0), "^max_len_a, max_len_b, min_len and no_repeat_ngram must be >= 0$"),
+        ((2, 1.0, 1.2, -1, 1, 0), "^max_len_a, max_len_b, min_len and no_repeat_ngram must be >= 0$"),
+        ((2, 1.0, 1.2, 10, -1, 0), "^max_len_a, max_len_b, min_len and no_repeat_ngram must be >= 0$"),
+        ((2, 1.0, 1.2, 10, 1, -1), "^max_len_a, max_len_b, min_len and no_repeat_ngram must be >= 0$"),
         ((2, float("nan"), 1.2, 10, 1, 0), "^lenpen=nan must be finite$"),
         ((0, 1.0, 1.2, 10, 1, 0), "^beam=0 must be >= 1$"),
     ],
@@ -392,3 +395,14 @@ def test_beam_search_with_nan_model_returns_an_empty_hypothesis() -> None:
     model.decoder.register_forward_hook(lambda module, args, out: out * float("nan"))
     nbest = beam_search_nbest(model, sources(b=3), beam=2)
     assert [[(h.tokens, h.score, h.logprob) for h in hyps] for hyps in nbest] == [[([], NEG_INF, NEG_INF)]] * 3
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_beam_stops_once_every_sentence_has_beam_hypotheses(use_cache: bool) -> None:
+    """EOS always ranks first: step 0 may not end (min_len 1), so step 1 finishes both beams and the
+    search stops there, long before the maximum length."""
+    model, calls = model_with_eos_bias(1e4), []
+    model.decoder.register_forward_hook(lambda module, args, out: calls.append(1))
+    nbest = beam_search_nbest(model, sources(b=3), beam=2, use_cache=use_cache)
+    assert len(calls) == 2
+    assert [[len(h.tokens) for h in hyps] for hyps in nbest] == [[1, 1]] * 3
