@@ -74,14 +74,16 @@ class Row:
         return max(ls) <= ls[0] and ls[-1] < ls[0]
 
 
-def overrides(candidate: str, depth: int, updates: int, precision: str, run_dir: Path) -> list[str]:
+def overrides(
+    candidate: str, depth: int, updates: int, precision: str, run_dir: Path, device: str = "cpu", extra: tuple = ()
+) -> list[str]:
     return [
         "+experiment=deep", "data=toy", "data.max_tokens=256", "data.toy_valid_size=16", "data.toy_test_size=16",
         f"model.encoder_layers={depth}", f"model.decoder_layers={depth}",
-        f"train.max_updates={updates}", "train.threads=1", f"train.precision={precision}", "train.device=cpu",
+        f"train.max_updates={updates}", "train.threads=1", f"train.precision={precision}", f"train.device={device}",
         "train.log_every_updates=1", "train.layer_stats_every_updates=0", "train.validate_every_updates=0",
         "train.save_every_updates=0", "train.save_every_epochs=0", "train.valid_max_sentences=4",
-        "train.progress=true", f"hydra.run.dir={run_dir}", *CANDIDATES[candidate],
+        "train.progress=true", f"hydra.run.dir={run_dir}", *CANDIDATES[candidate], *extra,
     ]  # fmt: skip
 
 
@@ -101,7 +103,8 @@ def run_one(candidate: str, depth: int, args: argparse.Namespace) -> Row:
     run_dir = args.out / "runs" / f"{candidate}_N{depth}"
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a fresh run: the trainer would otherwise resume
-    cmd = [sys.executable, "-m", "tfx.train", *overrides(candidate, depth, args.updates, args.precision, run_dir)]
+    run = overrides(candidate, depth, args.updates, args.precision, run_dir, args.device, args.extra)
+    cmd = [sys.executable, "-m", "tfx.train", *run]
     print(" ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
@@ -210,6 +213,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
     p.add_argument("--updates", type=int, default=30)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("extra", nargs="*", metavar="OVERRIDE", help="more Hydra overrides for every run")
+    p.add_argument("--device", default="cpu", help="train.device: cpu, or cuda for the bf16 check on a GPU")
     p.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
     p.add_argument("--collect", action="store_true", help="only read the finished runs under OUT/runs")
     p.add_argument("--first-step", type=float, nargs="+", metavar="LR", help="the one-update probe at these lrs")

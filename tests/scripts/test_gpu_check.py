@@ -12,7 +12,7 @@ import torch
 from tests.conftest import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STEPS = ("gpu_tests", "throughput", "deep_memory", "multi30k", "multi30k_postln")
+STEPS = ("gpu_tests", "throughput", "deep_memory", "multi30k", "multi30k_postln", "deep_fp32")
 
 
 @pytest.mark.slow
@@ -30,11 +30,12 @@ def test_cpu_dry_run_runs_every_step_and_writes_the_report(tmp_path: Path) -> No
     assert "| 2 | off |" in report and "| 2 | on |" in report  # memory: checkpointing off and on
     assert "| multi30k | none / tfixup / 0 | 3 |" in report
     assert "| multi30k_postln | post / xavier / 100 | 3 |" in report
+    assert "| adam_3e-5 | 1 |" in report  # deep at width: the deep recipe's table
 
 
 @pytest.mark.slow
 def test_a_step_over_its_time_box_is_reported_and_the_others_still_run(tmp_path: Path) -> None:
-    env = {**os.environ, "T_TESTS": "1", "T_BENCH": "1", "T_MEMORY": "1", "T_PAIR": "1"}
+    env = {**os.environ, "T_TESTS": "1", "T_BENCH": "1", "T_MEMORY": "1", "T_PAIR": "1", "T_DEEP": "1"}
     proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", str(tmp_path / "out")], capture_output=True,
                           text=True, env=env, timeout=300)  # fmt: skip
     assert proc.returncode == 1
