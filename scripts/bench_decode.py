@@ -235,7 +235,8 @@ def peer_comparison(model: Transformer, tokenizer, src: list[list[int]], refs, a
     model = model.cpu().eval()
     check_prev = [[BOS, *x[:-1]] for x in (tokenizer.encode_batch(refs[:8]) if refs else src[:8])]
     with tempfile.TemporaryDirectory(prefix="tfx_peer_") as tmp:
-        work = Path(tmp)
+        work = args.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         max_diff = convert_for_fairseq(model, src, check_prev, work, venv, args.threads)
         print(
             f"converted to fairseq: teacher-forced log-probs, max |tfx - fairseq| = {max_diff:.2e} (every vocab entry)"
@@ -301,6 +302,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=8000, help="--random vocabulary size (without --peer)")
     parser.add_argument("--peer", action="store_true", help="the same model in fairseq-generate, same sentences")
     parser.add_argument("--repeat", type=int, default=1, help="--peer: runs per side, alternating")
+    parser.add_argument("--work-dir", type=Path, help="--peer: keep fairseq's checkpoint and data here")
     parser.add_argument("--fairseq-venv", type=Path, default=FAIRSEQ_VENV, help="fairseq 0.12.2's environment")
     args = parser.parse_args()
     if (args.checkpoint is None) != args.random:
