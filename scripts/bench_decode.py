@@ -338,7 +338,16 @@ def main() -> int:
         f"{torch.get_num_threads()} threads, max length {args.max_len_a:g} * src_len + {args.max_len_b}"
     )
     if args.peer:
-        return peer_comparison(model, tokenizer, src, refs, args)
+        if args.max_len_a:
+            print(
+                "note: fairseq-generate applies max_len_a * src_len + b per batch (its widest source), tfx per "
+                "sentence: hypotheses that reach the cap can differ; --max-len-a 0 makes the two rules one"
+            )
+        try:
+            return peer_comparison(model, tokenizer, src, refs, args)
+        except (FileNotFoundError, RuntimeError, ValueError) as err:
+            print(f"bench_decode.py --peer: {err}", file=sys.stderr)
+            return 1
     subset = src[: args.uncached_limit]
     cached, sec, n_tok = decode_all(model, src, args, use_cache=True)
     report("cached (all)", len(src), sec, n_tok)
