@@ -3,10 +3,16 @@
     python scripts/bench_decode.py outputs/RUN/checkpoints/checkpoint_best.pt            # Multi30k test.de
     python scripts/bench_decode.py CKPT --src test.de --ref test.en --limit 500 --uncached-limit 50
     python scripts/bench_decode.py --random --d-model 512 --layers 6 --vocab 10000     # no checkpoint needed
+    python scripts/bench_decode.py --random --peer --repeat 2     # against fairseq-generate on the same model
 
 Both paths decode the same batches; the uncached one (the whole prefix recomputed every step) runs
 on the first ``--uncached-limit`` sentences only, and the speed-up compares both on that subset.
 Outputs on the subset must be identical. On a shared machine pass ``--threads 1`` for stable numbers.
+
+``--peer`` decodes the same sentences with the same Post-LN model (converted by ``tfx.fairseq_format``) in
+fairseq 0.12.2's ``fairseq-generate`` and prints both sides' generated tokens/s, the ratio, the share of
+identical best hypotheses and the teacher-forced log-prob difference; README "Decoding against
+fairseq-generate" says what is matched and why.
 """
 
 from __future__ import annotations
