@@ -88,12 +88,16 @@ def max_output_lengths(src_tokens: Tensor, max_len_a: float, max_len_b: int, lim
     return (max_len_a * src_lens + max_len_b).floor().long().clamp(0, limit)
 
 
-def expand_encoder_out(enc: EncoderOut, rows: Tensor) -> EncoderOut:
+def select_encoder_out(enc: EncoderOut, rows: Tensor) -> EncoderOut:
     return EncoderOut(enc.hidden.index_select(0, rows), enc.padding_mask.index_select(0, rows))
 
 
 class CachedStepper:
-    """Next-token log-probs from the newest token and the decoder's key/value cache."""
+    """Next-token log-probs from the newest token and the decoder's key/value cache.
+
+    The encoder output (and so each layer's source keys and values) keeps one row per sentence: the
+    beams of a sentence share it (``MultiheadAttention`` groups their queries).
+    """
 
     def __init__(self, model: Transformer, enc: EncoderOut, max_steps: int = 0) -> None:
         self.model, self.enc, self.state = model, enc, model.new_decoder_state(max_steps)
@@ -102,13 +106,13 @@ class CachedStepper:
         """prefix (N, t) -> (N, V) fp32; only the last column is fed."""
         return self.model.decode_step(prefix[:, -1:], self.enc, self.state).float().log_softmax(-1)
 
-    def reorder(self, rows: Tensor, shrink: bool) -> None:
-        """Keep row ``rows[i]`` as row i. Encoder rows are equal within a sentence, so they only
-        move when finished sentences leave the batch; the cache is left alone when nothing moves."""
-        if shrink:
-            self.enc = expand_encoder_out(self.enc, rows)
-        if shrink or not torch.equal(rows, torch.arange(rows.numel(), device=rows.device)):
-            self.state.reorder(rows, cross=shrink)  # within a sentence the source keys/values are equal
+    def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
+        """Keep decoder row ``rows[i]`` as row i; ``sentences`` (the sentences still searching, when some
+        finished) selects encoder rows. The cache is left alone when nothing moves."""
+        if sentences is not None:
+            self.enc = select_encoder_out(self.enc, sentences)
+        if sentences is not None or not torch.equal(rows, torch.arange(rows.numel(), device=rows.device)):
+            self.state.reorder(rows, cross=sentences)
 
 
 class UncachedStepper:
@@ -120,9 +124,9 @@ class UncachedStepper:
     def log_probs(self, prefix: Tensor) -> Tensor:
         return self.model.decoder(prefix, self.enc)[:, -1].float().log_softmax(-1)
 
-    def reorder(self, rows: Tensor, shrink: bool) -> None:
-        if shrink:
-            self.enc = expand_encoder_out(self.enc, rows)
+    def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
+        if sentences is not None:
+            self.enc = select_encoder_out(self.enc, sentences)
 
 
 def make_stepper(
@@ -218,9 +222,8 @@ def _beam_search(
 ) -> list[list[Hypothesis]]:
     device, n_sent, vocab = src.device, src.size(0), model.vocab_size
     sent_max = max_output_lengths(src, max_len_a, max_len_b, max_positions(model) - 1)  # (B,)
-    rows = torch.arange(n_sent, device=device).repeat_interleave(k)  # (B*K,) beam row -> sentence
     max_steps = int(sent_max.max()) + 1
-    stepper = make_stepper(model, expand_encoder_out(model.encode(src), rows), use_cache, max_steps)
+    stepper = make_stepper(model, model.encode(src), use_cache, max_steps)  # one encoder row per sentence
     tokens = torch.full((n_sent * k, max_steps + 1), PAD, dtype=torch.long, device=device)  # (N, T)
     tokens[:, 0] = BOS
     # Only beam 0 is live at first: identical beams would fill the beam with duplicates.
@@ -232,7 +235,10 @@ def _beam_search(
     for step in range(max_steps):
         n_act = active.numel()
         max_lens = sent_max[active].repeat_interleave(k)  # (N,)
-        lprobs = stepper.log_probs(tokens[:, : step + 1])  # (N, V)
+        if step == 0:  # every beam of a sentence starts from BOS: run one row per sentence, then fan out
+            lprobs = stepper.log_probs(tokens[::k, :1]).repeat_interleave(k, dim=0)  # (N, V)
+        else:
+            lprobs = stepper.log_probs(tokens[:, : step + 1])  # (N, V)
         constrain(lprobs, tokens[:, 1 : step + 1], step, min_len, max_lens, no_repeat_ngram)
         cand = (scores[:, :, None] + lprobs.view(n_act, k, vocab)).view(n_act, k * vocab)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # (B', 2K), best first
@@ -248,11 +254,13 @@ def _beam_search(
         done = (n_done >= k) | (sent_max[active] <= step) | ~scores[:, 0].isfinite()
         if done.all():
             break
+        left = None
         if done.any():
             left = (~done).nonzero().squeeze(1)
             active, scores = active[left], scores[left]
             src_rows, next_tok = src_rows.view(n_act, k)[left].view(-1), next_tok.view(n_act, k)[left].view(-1)
-        stepper.reorder(src_rows, shrink=bool(done.any()))
+        # After step 0 the decoder cache still has one row per sentence: beam row r came from row r // k.
+        stepper.reorder(src_rows // k if step == 0 else src_rows, left)
         tokens = tokens.index_select(0, src_rows)
         tokens[:, step + 1] = next_tok
     return [sorted(h, key=lambda h: -h.score) or [Hypothesis([], NEG_INF, NEG_INF)] for h in finished]
@@ -324,7 +332,7 @@ def _greedy(
         if done.any():
             left = (~done).nonzero().squeeze(1)
             active, next_tok, tokens = active[left], next_tok[left], tokens[left]
-            stepper.reorder(left, shrink=True)
+            stepper.reorder(left, left)
         tokens[:, step + 1] = next_tok
     return out
 

@@ -40,10 +40,10 @@ def test_growing_cache_appends_doubles_and_reorders_the_valid_part() -> None:
     for i, part in enumerate(parts):
         keys, values = cache.append(part, 2 * part)
         assert torch.equal(keys, torch.cat(parts[: i + 1], dim=2)) and torch.equal(values, 2 * keys)
-    assert (cache.length, cache.k.size(2)) == (5, 8)
+    assert (cache.length, cache.steps_allocated) == (5, 8)
     cache.reorder(torch.tensor([1, 0]))
     assert torch.equal(cache.keys_values()[0], torch.cat(parts, dim=2)[[1, 0]])
-    assert cache.k.size(2) == 8  # still room to append without a copy
+    assert cache.steps_allocated == 8  # still room to append without a copy
 
 
 def test_refusals_name_the_setting() -> None:
@@ -127,3 +127,41 @@ def test_attention_dropout_acts_in_training_only() -> None:
 def test_positions_are_not_saved_in_the_state_dict() -> None:
     """The sinusoid table is rebuilt from max_positions, so checkpoints stay loadable when it changes."""
     assert not any("positions" in key for key in tiny_model().state_dict())
+
+
+def test_beams_sharing_a_source_row_attend_as_if_it_were_copied() -> None:
+    """g query rows per key row (the beams of one sentence) give what expanding the keys would give."""
+    g, attn = 3, MultiheadAttention(16, 4).double().eval()
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(2 * g, 2, 16, generator=gen, dtype=torch.double)  # (B*g, T, D)
+    source = torch.randn(2, 5, 16, generator=gen, dtype=torch.double)  # (B, S, D)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    grouped = attn(query, source, key_padding_mask=pad)
+    copied = attn(query, source.repeat_interleave(g, 0), key_padding_mask=pad.repeat_interleave(g, 0))
+    torch.testing.assert_close(grouped, copied, atol=1e-12, rtol=1e-12)
+    with pytest.raises(ValueError, match="cannot share"):
+        attn(query[:5], source)
+    with pytest.raises(ValueError, match="causal"):
+        attn(query, source, causal=True)
+
+
+def test_repeated_reorders_reuse_the_spare_buffers_and_keep_every_row() -> None:
+    """Same-size reorders swap two buffer pairs (no allocation); a shrink keeps using them; values follow."""
+    cache = KVCache(capacity=6)
+    parts = steps(1, 1)
+    for part in parts:
+        cache.append(part, -part)
+    history = torch.cat(parts, dim=2)  # (2, 3, 2, 4)
+    first = cache.k
+    cache.reorder(torch.tensor([1, 0]))
+    second = cache.k
+    cache.reorder(torch.tensor([1, 1]))
+    assert cache.k.data_ptr() == first.data_ptr() and second.data_ptr() != first.data_ptr()
+    history = history[[1, 0]][[1, 1]]
+    torch.testing.assert_close(cache.keys_values()[0], history)
+    cache.reorder(torch.tensor([0]))  # a sentence finished: one row left, in the spare's first row
+    assert cache.k.data_ptr() == second.data_ptr()
+    new = steps(1, seed=1)[0][:1]
+    keys, values = cache.append(new, -new)
+    torch.testing.assert_close(keys, torch.cat([history[:1], new], dim=2))
+    torch.testing.assert_close(values, -keys)

@@ -74,7 +74,7 @@ def test_reorder_follows_beam(order: list[int]) -> None:
     model.decode_step(tgt[:, :1], enc, state)
     model.decode_step(tgt[:, 1:2], enc, state)
     rows = torch.tensor(order)
-    state.reorder(rows)
+    state.reorder(rows, cross=rows)
     enc_reordered = type(enc)(enc.hidden[rows], enc.padding_mask[rows])
     step = model.decode_step(tgt[rows, 2:3], enc_reordered, state)
     torch.testing.assert_close(step, model(src[rows], tgt[rows, :3])[:, -1], atol=1e-10, rtol=1e-10)
@@ -90,14 +90,14 @@ def test_kv_cache_writes_in_place_and_reorders_only_what_is_filled() -> None:
         k, v = cache.append(x, -x)
     assert cache.k is buffer and k.shape == (2, 1, 3, 3) and k.data_ptr() == buffer.data_ptr()
     torch.testing.assert_close(v, -torch.cat(steps, dim=2))
-    cache.k[1, :, :3] += 10.0  # tell the two rows apart
+    cache.k[1, :3] += 10.0  # tell the two rows apart (buffers are (N, steps, H, Dh))
     cache.reorder(torch.tensor([1, 1, 0]))
     k, _ = cache.keys_values()
-    assert cache.k.shape == (3, 1, 4, 3) and cache.length == 3
+    assert cache.k.shape == (3, 4, 1, 3) and cache.length == 3
     torch.testing.assert_close(k[2], torch.cat(steps, dim=2)[0])
     torch.testing.assert_close(k[0], k[1])
     k, _ = cache.append(torch.zeros(3, 1, 2, 3), torch.zeros(3, 1, 2, 3))  # past capacity: grows
-    assert k.shape == (3, 1, 5, 3) and cache.k.size(2) >= 5
+    assert k.shape == (3, 1, 5, 3) and cache.steps_allocated >= 5
     torch.testing.assert_close(k[2, :, :3], torch.cat(steps, dim=2)[0])
 
 

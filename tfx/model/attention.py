@@ -13,64 +13,85 @@ from torch import Tensor, nn
 
 
 class KVCache:
-    """One attention layer's keys and values while decoding step by step, (N, H, steps, Dh).
+    """One attention layer's keys and values while decoding step by step.
 
-    Self-attention appends each step into buffers allocated once for ``capacity`` steps, so a
-    step writes one column instead of copying the whole prefix (``torch.cat``); past
-    ``capacity`` the buffers double. Encoder-decoder attention stores the source's keys and
-    values once (``static``): they never change while decoding.
+    Self-attention appends each step into buffers (N, capacity, H, Dh) allocated once, so a step writes
+    one slice instead of copying the whole prefix (``torch.cat``); past ``capacity`` they double. Each
+    row's filled steps are one contiguous block, which makes a beam reorder one block gather per row
+    and gives attention a cheaper key layout than (N, H, capacity, Dh). A reorder gathers into a spare
+    pair of buffers and swaps the two: allocating a fresh buffer of tens of MB every step costs page
+    faults that doubled the reorder's time. Encoder-decoder attention stores the source's keys and
+    values (B', H, S, Dh) once (``static``): they never change while decoding.
     """
 
     def __init__(self, capacity: int = 0) -> None:
         self.capacity = capacity
-        self.k: Tensor | None = None  # (N, H, capacity, Dh); valid up to ``length``
+        self.k: Tensor | None = None  # (N, steps, H, Dh), valid up to ``length``; static: (B', H, S, Dh)
         self.v: Tensor | None = None
         self.length = 0
+        self.static = False
+        self._spare: tuple[Tensor, Tensor] | None = None  # the buffers a reorder gathers into
 
     @property
     def empty(self) -> bool:
         return self.k is None
 
+    @property
+    def steps_allocated(self) -> int:
+        """Steps the self-attention buffers hold before they must grow."""
+        return 0 if self.k is None else self.k.size(1)
+
     def keys_values(self) -> tuple[Tensor, Tensor]:
-        """The valid part: views (N, H, length, Dh) of the buffers."""
-        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+        """The valid part as (N, H, length, Dh) (views of the buffers)."""
+        if self.static:
+            return self.k, self.v
+        return self.k[:, : self.length].transpose(1, 2), self.v[:, : self.length].transpose(1, 2)
 
     def store(self, k: Tensor, v: Tensor) -> None:
-        """Keep ``k``/``v`` as they are (static: the encoder's)."""
-        self.k, self.v, self.length = k, v, k.size(2)
+        """Keep ``k``/``v`` (N, H, S, Dh) as they are (static: the encoder's)."""
+        self.k, self.v, self.length, self.static = k, v, k.size(2), True
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write new steps (N, H, t, Dh) after the valid part; returns all valid keys and values."""
         end = self.length + k.size(2)
-        if self.k is None or end > self.k.size(2):
+        if self.k is None or end > self.k.size(1):
             self._resize(max(end, self.capacity, 2 * self.length), k)
-        self.k[:, :, self.length : end] = k
-        self.v[:, :, self.length : end] = v
+        self.k[:, self.length : end] = k.transpose(1, 2)
+        self.v[:, self.length : end] = v.transpose(1, 2)
         self.length = end
         return self.keys_values()
 
     def _resize(self, steps: int, like: Tensor) -> None:
         n, h, _, dh = like.shape
-        k, v = like.new_empty(n, h, steps, dh), like.new_empty(n, h, steps, dh)
+        k, v = like.new_empty(n, steps, h, dh), like.new_empty(n, steps, h, dh)
         if self.k is not None:
-            k[:, :, : self.length], v[:, :, : self.length] = self.keys_values()
-        self.k, self.v = k, v
+            k[:, : self.length], v[:, : self.length] = self.k[:, : self.length], self.v[:, : self.length]
+        self.k, self.v, self._spare = k, v, None
 
     def reorder(self, order: Tensor) -> None:
-        """Row i becomes row ``order[i]`` (beam search); only the valid part is copied."""
+        """Row i becomes row ``order[i]`` (beam search; fewer rows when sentences finish, more when
+        the beams of a sentence first fan out); only the valid part is copied."""
         if self.k is None:
             return
-        if self.k.size(2) == self.length:  # static, or a full buffer: one gather
+        if self.static:
             self.k, self.v = self.k.index_select(0, order), self.v.index_select(0, order)
             return
-        old_k, old_v = self.keys_values()
-        shape = (order.numel(), *self.k.shape[1:])
-        self.k, self.v = self.k.new_empty(shape), self.v.new_empty(shape)
-        for old, new in ((old_k, self.k), (old_v, self.v)):
-            if old.requires_grad:  # out= is not differentiable: gather, then copy
-                new[:, :, : self.length] = old.index_select(0, order)
-            else:  # decoding (inference mode): gather straight into the new buffer
-                torch.index_select(old, 0, order, out=new[:, :, : self.length])
+        if self.k.requires_grad:  # out= is not differentiable: gather into fresh buffers
+            shape = (order.numel(), *self.k.shape[1:])
+            k, v = self.k.new_zeros(shape), self.v.new_zeros(shape)
+            k[:, : self.length] = self.k[:, : self.length].index_select(0, order)
+            v[:, : self.length] = self.v[:, : self.length].index_select(0, order)
+            self.k, self.v = k, v
+            return
+        n = order.numel()
+        spare = self._spare
+        if spare is None or spare[0].size(0) < n:
+            spare = (self.k.new_empty(n, *self.k.shape[1:]), self.v.new_empty(n, *self.v.shape[1:]))
+        new_k, new_v = spare[0][:n], spare[1][:n]  # contiguous rows: a prefix of a bigger buffer serves too
+        torch.index_select(self.k[:, : self.length], 0, order, out=new_k[:, : self.length])
+        torch.index_select(self.v[:, : self.length], 0, order, out=new_v[:, : self.length])
+        self._spare = (self.k, self.v)
+        self.k, self.v = new_k, new_v
 
 
 class MultiheadAttention(nn.Module):
@@ -116,14 +137,27 @@ class MultiheadAttention(nn.Module):
         cache: KVCache | None = None,
         static_kv: bool = False,
     ) -> Tensor:
-        """query (B, T, D), key_value (B, S, D); key_padding_mask (B, S) True at padding."""
-        b, t, d = query.shape
-        q = self._split_heads(self.q_proj(query))  # (B, H, T, Dh)
+        """query (N, T, D), key_value (B, S, D); key_padding_mask (B, S) True at padding.
+
+        ``N`` may be a multiple ``g * B`` of the key rows: query rows ``i*g .. i*g+g-1`` then share key
+        row ``i`` (the beams of one sentence share its source). They attend as one row with ``g * T``
+        queries, so the source's keys and values are projected and read once per sentence, not per beam.
+        """
+        n, t, d = query.shape
+        q = self._split_heads(self.q_proj(query))  # (N, H, T, Dh)
         k, v = self._keys_values(key_value, cache, static_kv)  # (B, H, S, Dh)
+        b = k.size(0)
+        groups = n // b if b else 1
+        if groups * b != n or (groups > 1 and causal):
+            raise ValueError(f"{n} query rows cannot share {b} key rows" + (" under a causal mask" if causal else ""))
+        if groups > 1:
+            q = q.view(b, groups, self.heads, t, self.head_dim).transpose(1, 2).reshape(b, self.heads, groups * t, -1)
         mask = None
         if key_padding_mask is not None:
             mask = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S), True = may attend
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=causal
-        )  # (B, H, T, Dh)
-        return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
+        )  # (B, H, g*T, Dh)
+        if groups > 1:
+            out = out.view(b, self.heads, groups, t, self.head_dim).transpose(1, 2)  # (B, g, H, T, Dh)
+        return self.out_proj(out.reshape(n, self.heads, t, self.head_dim).transpose(1, 2).reshape(n, t, d))

@@ -75,16 +75,15 @@ class DecoderState:
         """``capacity``: the steps to preallocate self-attention caches for (they grow past it)."""
         return cls([{"self": KVCache(capacity), "cross": KVCache()} for _ in range(n_layers)])
 
-    def reorder(self, order: Tensor, cross: bool = True) -> None:
-        """Follow beam search: keep cache row ``order[i]`` as row i.
-
-        ``cross=False`` leaves the encoder-decoder caches alone: right when ``order`` only moves
-        rows among the beams of one sentence, whose source keys and values are the same.
+    def reorder(self, order: Tensor, cross: Tensor | None) -> None:
+        """Follow beam search: keep self-attention cache row ``order[i]`` as row i, and encoder-decoder
+        cache row ``cross[j]`` as row j. ``cross=None`` leaves those alone: right while rows only move
+        among the beams of one sentence, which share one row of source keys and values.
         """
         for layer in self.layers:
             layer["self"].reorder(order)
-            if cross:
-                layer["cross"].reorder(order)
+            if cross is not None:
+                layer["cross"].reorder(cross)
 
 
 class Encoder(nn.Module):
