@@ -21,8 +21,9 @@ up (postln, deepnorm, admin) warm up over a quarter of them (``optim.budget_warm
 Outputs: ``depth_study.md`` (the table), ``depth_study.png`` (train loss, one panel per arm, one line per depth),
 ``study.json`` (the arms, depths, overrides and wall time), ``runs/`` (one TensorBoard folder:
 ``tensorboard --logdir <out>/runs``). ``--replot`` rewrites the table and figure from ``study.json`` and the
-runs' metrics files without training. Re-running the same command resumes unfinished runs from their
-``checkpoint_last.pt``; checkpoints are deleted once every run has ended (``--keep-checkpoints`` keeps them).
+runs' metrics files without training. A run stopped by SIGTERM/SIGINT resumes from its ``checkpoint_last.pt``
+when the command is run again; once the launch ends, runs that ended lose their checkpoints
+(``--keep-checkpoints`` keeps them), so running them again trains them again.
 Extra ``KEY=VALUE`` arguments go to every run (e.g. ``data=multi30k data.local_dir=../shared/data/multi30k``).
 """
 
@@ -135,8 +136,8 @@ def collect(out: Path, arms: list[str], depths: list[int]) -> dict[tuple[str, in
     return rows
 
 
-def wall_minutes(seconds: float | None) -> str:
-    return "not finished" if seconds is None else f"{seconds / 60:.1f} min"
+def wall_minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
 
 
 def fmt(value: float, spec: str = ".3f") -> str:
@@ -224,24 +225,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def train_all(args: argparse.Namespace) -> int:
-    """Launch the study; ``study.json`` first (so ``--replot`` works on a stopped study), its wall time last."""
+    """Launch the study; ``study.json`` first (so ``--replot`` works on a stopped study), its wall time last.
+
+    A later invocation into the same ``--out`` with the same settings adds its arms and depths to the study
+    (e.g. ``--depths 200`` after ``--depths 6 24 100``) and its wall time to the total.
+    """
     args.out.mkdir(parents=True, exist_ok=True)
-    study = {"arms": args.methods, "depths": sorted(args.depths), "jobs": args.jobs,
-             "overrides": run_overrides(args), "wall_seconds": None}  # fmt: skip
-    (args.out / "study.json").write_text(json.dumps(study, indent=1))
+    path = args.out / "study.json"
+    study = {"arms": [], "depths": [], "jobs": args.jobs, "overrides": run_overrides(args), "wall_seconds": 0.0}
+    if path.exists():
+        study = json.loads(path.read_text())
+        if study["overrides"] != run_overrides(args):
+            print(f"{path} holds a study with other settings: use another --out", file=sys.stderr)
+            return 2
+    study["arms"] += [a for a in args.methods if a not in study["arms"]]
+    study["depths"] = sorted(set(study["depths"]) | set(args.depths))
+    path.write_text(json.dumps(study, indent=1))
     tic = time.perf_counter()
     try:
         code = launch(args)
     except KeyboardInterrupt:
         code = 130
+    study["wall_seconds"] = (study["wall_seconds"] or 0.0) + time.perf_counter() - tic
+    path.write_text(json.dumps(study, indent=1))
     if code != 0:
         print(f"stopped (exit {code}); re-run the same command to finish, or --replot", file=sys.stderr)
         return code
-    study["wall_seconds"] = time.perf_counter() - tic
-    (args.out / "study.json").write_text(json.dumps(study, indent=1))
-    if not args.keep_checkpoints:
-        for folder in (args.out / "runs").glob("*/checkpoints"):
-            shutil.rmtree(folder)
+    if not args.keep_checkpoints:  # runs stopped by a signal keep theirs, to resume
+        for run in (args.out / "runs").glob(f"*/{FILENAME}"):
+            ends = [r for r in read_metrics(run) if r["event"] == "end"]
+            if ends and ends[-1]["status"] in ("completed", "diverged"):
+                shutil.rmtree(run.parent / "checkpoints", ignore_errors=True)
     return 0
 
 

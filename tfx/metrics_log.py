@@ -47,7 +47,7 @@ class MetricsLog:
         if self.path is None:
             return
         keep = []
-        if self.path.exists():
+        if self.path.is_file():
             keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= resumed_step and r["event"] != "end"]
         tmp = self.path.with_name(f".{FILENAME}.tmp")
         try:
