@@ -44,15 +44,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a plain file from a checkout
 from tfx.metrics_log import FILENAME, read_metrics  # noqa: E402
 
-ARMS: dict[str, list[str]] = {  # name -> tfx.train overrides
-    "tfixup": ["method=tfixup"],
-    "tfixup_radam": ["method=tfixup", "optim.name=radam"],
-    "postln": ["method=postln"],
-    "postln_nowarmup": ["method=postln_nowarmup"],
-    "preln": ["method=preln"],
-    "deepnorm": ["method=deepnorm"],
-    "admin": ["method=admin"],
-    "xavier_noln": ["method=xavier_noln"],
+# name -> (method, what the arm sets besides it). Each arm becomes <out>/arms/arm/<name>.yaml, swept as +arm=...
+ARMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "tfixup": ("tfixup", {}),
+    "tfixup_radam": ("tfixup", {"optim": {"name": "radam"}}),
+    "postln": ("postln", {}),
+    "postln_nowarmup": ("postln_nowarmup", {}),
+    "preln": ("preln", {}),
+    "deepnorm": ("deepnorm", {}),
+    "admin": ("admin", {}),
+    "xavier_noln": ("xavier_noln", {}),
 }
 FINAL_WINDOW = 10  # updates averaged into the final train loss
 SMOOTH = 10  # running-mean window of the plotted curves
@@ -71,33 +72,28 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
 
 
-def sweeps(arms: list[str]) -> list[tuple[str, list[str]]]:
-    """One multirun per set of non-method overrides: (folder-name pattern, the arms' overrides)."""
-    groups: dict[tuple[str, ...], list[str]] = {}
+def write_arms(folder: Path, arms: list[str]) -> None:
+    """One config per arm in ``folder/arm/`` (added to Hydra's search path), so one multirun sweeps them all."""
+    from omegaconf import OmegaConf
+
+    (folder / "arm").mkdir(parents=True, exist_ok=True)
     for arm in arms:
-        groups.setdefault(tuple(o for o in ARMS[arm] if not o.startswith("method=")), []).append(arm)
-    out = []
-    for extra, names in groups.items():
-        methods = ",".join(ARMS[a][0].removeprefix("method=") for a in names)
-        name = names[0] if len(names) == 1 else "${hydra:runtime.choices.method}"
-        out.append((name, [f"method={methods}", *extra]))
-    return out
+        method, extra = ARMS[arm]
+        body = OmegaConf.to_yaml(OmegaConf.create({"defaults": [{"override /method": method}], **extra}))
+        (folder / "arm" / f"{arm}.yaml").write_text(f"# @package _global_\n# depth-study arm {arm}\n{body}")
 
 
 def launch(args: argparse.Namespace) -> int:
-    """The multiruns, deepest first (a run that diverged ends itself, not the sweep); 0 or the first failure's code."""
-    depths = ",".join(str(n) for n in sorted(args.depths, reverse=True))
-    for name, arm_overrides in sweeps(args.methods):
-        cmd = [
-            sys.executable, "-m", "tfx.train", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={args.jobs}",
-            f"hydra.sweep.dir={args.out / 'runs'}", f"hydra.sweep.subdir={name}_N${{model.encoder_layers}}",
-            f"model.encoder_layers={depths}", "model.decoder_layers=${model.encoder_layers}", *arm_overrides,
-            *run_overrides(args),
-        ]  # fmt: skip
-        code = subprocess.run(cmd, cwd=REPO).returncode
-        if code != 0:
-            return code
-    return 0
+    """One multirun over arms x depths, deepest first (a run that diverged ends itself, not the sweep)."""
+    write_arms(args.out / "arms", args.methods)
+    cmd = [
+        sys.executable, "-m", "tfx.train", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={args.jobs}",
+        f"hydra.searchpath=[file://{args.out / 'arms'}]", f"hydra.sweep.dir={args.out / 'runs'}",
+        "hydra.sweep.subdir=${hydra:runtime.choices.arm}_N${model.encoder_layers}",
+        "model.encoder_layers=" + ",".join(str(n) for n in sorted(args.depths, reverse=not args.shallow_first)),
+        "model.decoder_layers=${model.encoder_layers}", "+arm=" + ",".join(args.methods), *run_overrides(args),
+    ]  # fmt: skip
+    return subprocess.run(cmd, cwd=REPO).returncode
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -150,7 +146,8 @@ def write_table(out: Path, study: dict[str, Any], rows: dict[tuple[str, int], di
         f"wall {wall_minutes(study['wall_seconds'])} ({study['jobs']} jobs)",
         "",
         "Every run: `" + " ".join(study["overrides"]) + "`; arms: "
-        + "; ".join(f"`{a}`: `{' '.join(ARMS[a])}`" for a in study["arms"]) + ".",
+        + "; ".join(f"`{a}`: method `{ARMS[a][0]}`" + "".join(f", {k} `{v}`" for k, v in ARMS[a][1].items())
+                    for a in study["arms"]) + ".",
         "",
         "| arm | N | first loss | final loss | valid loss | diverged | max Δf | median Δf | skipped | train s |",
         "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
@@ -216,6 +213,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--d-model", type=int, default=32, help="FFN is 2x")
     p.add_argument("--jobs", type=int, default=2, help="runs at once (joblib processes)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    p.add_argument("--shallow-first", action="store_true", help="shallowest depth first (default: deepest)")
     p.add_argument("--keep-checkpoints", action="store_true")
     p.add_argument("--replot", action="store_true", help="only rewrite the table and figure from <out>")
     p.add_argument("overrides", nargs="*", help="KEY=VALUE overrides for every run")
