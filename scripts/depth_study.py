@@ -45,15 +45,15 @@ sys.path.insert(0, str(REPO))  # run as a plain file from a checkout
 from tfx.metrics_log import FILENAME, read_metrics  # noqa: E402
 
 # name -> (method, what the arm sets besides it). Each arm becomes <out>/arms/arm/<name>.yaml, swept as +arm=...
-ARMS: dict[str, tuple[str, dict[str, Any]]] = {
-    "tfixup": ("tfixup", {}),
-    "tfixup_radam": ("tfixup", {"optim": {"name": "radam"}}),
-    "postln": ("postln", {}),
-    "postln_nowarmup": ("postln_nowarmup", {}),
-    "preln": ("preln", {}),
-    "deepnorm": ("deepnorm", {}),
-    "admin": ("admin", {}),
-    "xavier_noln": ("xavier_noln", {}),
+ARMS: dict[str, tuple[str, list[str]]] = {
+    "tfixup": ("tfixup", []),
+    "tfixup_radam": ("tfixup", ["optim.name=radam"]),
+    "postln": ("postln", []),
+    "postln_nowarmup": ("postln_nowarmup", []),
+    "preln": ("preln", []),
+    "deepnorm": ("deepnorm", []),
+    "admin": ("admin", []),
+    "xavier_noln": ("xavier_noln", []),
 }
 FINAL_WINDOW = 10  # updates averaged into the final train loss
 SMOOTH = 10  # running-mean window of the plotted curves
@@ -79,7 +79,8 @@ def write_arms(folder: Path, arms: list[str]) -> None:
     (folder / "arm").mkdir(parents=True, exist_ok=True)
     for arm in arms:
         method, extra = ARMS[arm]
-        body = OmegaConf.to_yaml(OmegaConf.create({"defaults": [{"override /method": method}], **extra}))
+        body = OmegaConf.create({"defaults": [{"override /method": method}]})
+        body = OmegaConf.to_yaml(OmegaConf.merge(body, OmegaConf.from_dotlist(extra)))
         (folder / "arm" / f"{arm}.yaml").write_text(f"# @package _global_\n# depth-study arm {arm}\n{body}")
 
 
@@ -146,7 +147,7 @@ def write_table(out: Path, study: dict[str, Any], rows: dict[tuple[str, int], di
         f"wall {wall_minutes(study['wall_seconds'])} ({study['jobs']} jobs)",
         "",
         "Every run: `" + " ".join(study["overrides"]) + "`; arms: "
-        + "; ".join(f"`{a}`: method `{ARMS[a][0]}`" + "".join(f", {k} `{v}`" for k, v in ARMS[a][1].items())
+        + "; ".join(f"`{a}`: " + " ".join(f"`{o}`" for o in [f"method={ARMS[a][0]}", *ARMS[a][1]])
                     for a in study["arms"]) + ".",
         "",
         "| arm | N | first loss | final loss | valid loss | diverged | max Δf | median Δf | skipped | train s |",
