@@ -1,10 +1,11 @@
-"""Stability vs depth: T-Fixup against the baselines at N = 6..200 layers per side, as Hydra multiruns of tfx.train.
+"""Stability vs depth: T-Fixup against the baselines at N = 6..200 layers per side, one Hydra multirun of tfx.train.
 
 Each (arm, depth) is one ``tfx.train`` run in ``<out>/runs/<arm>_N<depth>/``, launched by Hydra's joblib launcher
 (``--jobs`` runs at once, ``--threads`` torch threads each, deepest first); everything in the table comes from
 each run's own ``metrics.jsonl`` (``tfx/metrics_log.py``). An arm is a ``method`` (conf/method/) plus, for
 ``tfixup_radam``, the optimizer the T-Fixup reference code ran (``optim.name=radam``): methods compare on one
-optimizer, so RAdam is an override of the study, not a method.
+optimizer, so RAdam is an override of the study, not a method. Each arm is written as a config in
+``<out>/arms/arm/`` and Hydra's search path gets that folder, so one sweep ``+arm=...`` covers every arm.
 
 Every run: toy data (256-token batches), d_model ``--d-model`` (FFN 2x), 4 heads, dropout 0, Adam(0.9, 0.98) at
 lr 5e-4, weight decay 1e-4, label smoothing 0.1, no clipping, fp32, ``--updates`` updates; the methods that warm
@@ -13,8 +14,8 @@ up (postln, deepnorm, admin) warm up over a quarter of them (``optim.budget_warm
 - ``first``/``final``: the train loss (bits/token, label-smoothed) of update 1 / the mean of the last 10 updates;
 - ``valid``: ``valid/loss`` of the end-of-run validation (none when the run stopped on non-finite steps);
 - ``diverged``: ``non-finite`` (the trainer stopped after 10 consecutive non-finite steps, or the final loss is
-  not finite), ``loss rose`` (final above first), ``no``, or the run's status when it did not end
-  (``unfinished``);
+  not finite), ``loss rose`` (final above first), ``no``, or why the run did not end (``unfinished``,
+  ``stopped by SIGTERM``);
 - ``max/median Δf``: ``probe/output_change`` (``tfx.diagnostics.OutputChange``) over the first 100 updates: the
   RMS change per update of the logits of 8 fixed valid sentences, T-Fixup's Θ(η) claim.
 
@@ -24,6 +25,7 @@ Outputs: ``depth_study.md`` (the table), ``depth_study.png`` (train loss, one pa
 runs' metrics files without training. A run stopped by SIGTERM/SIGINT resumes from its ``checkpoint_last.pt``
 when the command is run again; once the launch ends, runs that ended lose their checkpoints
 (``--keep-checkpoints`` keeps them), so running them again trains them again.
+A later invocation into the same ``--out`` with the same settings adds its arms and depths to the study.
 Extra ``KEY=VALUE`` arguments go to every run (e.g. ``data=multi30k data.local_dir=../shared/data/multi30k``).
 """
 
@@ -133,10 +135,6 @@ def collect(out: Path, arms: list[str], depths: list[int]) -> dict[tuple[str, in
     return rows
 
 
-def wall_minutes(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min"
-
-
 def fmt(value: float, spec: str = ".3f") -> str:
     return "—" if math.isnan(value) else format(value, spec)
 
@@ -144,7 +142,8 @@ def fmt(value: float, spec: str = ".3f") -> str:
 def write_table(out: Path, study: dict[str, Any], rows: dict[tuple[str, int], dict[str, Any]]) -> str:
     lines = [
         f"# Depth study: {len(rows)} of {len(study['arms']) * len(study['depths'])} runs, "
-        f"wall {wall_minutes(study['wall_seconds'])} ({study['jobs']} jobs)",
+        f"wall {study['wall_seconds'] / 60:.1f} min ({study['jobs']} jobs)"
+        + ("" if study.get("finished", True) else ", the last launch did not finish"),
         "",
         "Every run: `" + " ".join(study["overrides"]) + "`; arms: "
         + "; ".join(f"`{a}`: " + " ".join(f"`{o}`" for o in [f"method={ARMS[a][0]}", *ARMS[a][1]])
@@ -239,13 +238,15 @@ def train_all(args: argparse.Namespace) -> int:
             return 2
     study["arms"] += [a for a in args.methods if a not in study["arms"]]
     study["depths"] = sorted(set(study["depths"]) | set(args.depths))
+    study["finished"] = False
     path.write_text(json.dumps(study, indent=1))
     tic = time.perf_counter()
     try:
         code = launch(args)
     except KeyboardInterrupt:
         code = 130
-    study["wall_seconds"] = (study["wall_seconds"] or 0.0) + time.perf_counter() - tic
+    study["wall_seconds"] += time.perf_counter() - tic
+    study["finished"] = code == 0
     path.write_text(json.dumps(study, indent=1))
     if code != 0:
         print(f"stopped (exit {code}); re-run the same command to finish, or --replot", file=sys.stderr)
