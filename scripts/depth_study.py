@@ -11,7 +11,8 @@ Every run: toy data (256-token batches), d_model ``--d-model`` (FFN 2x), 4 heads
 lr 5e-4, weight decay 1e-4, label smoothing 0.1, no clipping, fp32, ``--updates`` updates; the methods that warm
 up (postln, deepnorm, admin) warm up over a quarter of them (``optim.budget_warmup``). Per run, the table gives:
 
-- ``first``/``final``: the train loss (bits/token, label-smoothed) of update 1 / the mean of the last 10 updates;
+- ``first``/``max``/``final``: the train loss (bits/token, label-smoothed) of update 1 / the highest of any update
+  (the first-update spike at width) / the mean of the last 10 updates;
 - ``valid``: ``valid/loss`` of the end-of-run validation (none when the run stopped on non-finite steps);
 - ``diverged``: ``non-finite`` (the trainer stopped after 10 consecutive non-finite steps, or the final loss is
   not finite), ``loss rose`` (final above first), ``no``, or why the run did not end (``unfinished``,
@@ -117,6 +118,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     finite = bool(probe) and all(math.isfinite(v) for v in probe)
     return {
         "losses": losses, "first": losses[0] if losses else math.nan, "final": final,
+        "max": max(losses) if losses and all(map(math.isfinite, losses)) else math.nan,
         "valid": valid[-1] if valid else math.nan, "diverged": diverged,
         "max_df": max(probe) if finite else math.nan, "median_df": statistics.median(probe) if finite else math.nan,
         "skipped": sum(r["event"] == "skipped" for r in records),
@@ -149,12 +151,14 @@ def write_table(out: Path, study: dict[str, Any], rows: dict[tuple[str, int], di
         + "; ".join(f"`{a}`: " + " ".join(f"`{o}`" for o in [f"method={ARMS[a][0]}", *ARMS[a][1]])
                     for a in study["arms"]) + ".",
         "",
-        "| arm | N | first loss | final loss | valid loss | diverged | max Δf | median Δf | skipped | train s |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| arm | N | first loss | max loss | final loss | valid loss | diverged | max Δf | median Δf | skipped "
+        "| train s |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]  # fmt: skip
     for (arm, n), r in rows.items():
         lines.append(
-            f"| {arm} | {n} | {fmt(r['first'])} | {fmt(r['final'])} | {fmt(r['valid'])} | {r['diverged']} | "
+            f"| {arm} | {n} | {fmt(r['first'])} | {fmt(r['max'])} | {fmt(r['final'])} | {fmt(r['valid'])} | "
+            f"{r['diverged']} | "
             f"{fmt(r['max_df'], '.3g')} | {fmt(r['median_df'], '.3g')} | {r['skipped']} | {fmt(r['seconds'], '.0f')} |"
         )
     text = "\n".join(lines) + "\n"

@@ -63,7 +63,7 @@ def test_rows_and_divergence_labels_from_metrics_records(ds: ModuleType) -> None
     end = {"event": "end", "step": 12, "status": "completed", "train_seconds": 3.0}
     ok = [update(1, 8.0, 0.2), update(2, 7.0, 0.1), update(3, 6.0, 0.4)] + [update(i, 5.0) for i in range(4, 13)]
     row = ds.summarize([*ok, {"event": "valid", "step": 12, "valid/loss": 4.5}, end])
-    assert (row["first"], row["final"], row["valid"], row["diverged"]) == (8.0, 5.1, 4.5, "no")
+    assert (row["first"], row["max"], row["final"], row["valid"], row["diverged"]) == (8.0, 8.0, 5.1, 4.5, "no")
     assert (row["max_df"], row["median_df"], row["skipped"], row["seconds"]) == (0.4, 0.2, 0, 3.0)
     assert ds.summarize([update(1, 5.0), *[update(i, 6.0) for i in range(2, 13)], end])["diverged"] == "loss rose"
     diverged = ds.summarize([update(1, 8.0, math.inf), {"event": "skipped", "step": 1, "train/loss": math.nan},
@@ -86,11 +86,12 @@ def test_micro_study_trains_through_hydra_multirun_and_replots(ds: ModuleType, t
     for run in runs:  # one TensorBoard folder (runs/), each run's own metrics file, checkpoints removed
         assert any((out / "runs" / run / "tb").iterdir()) and not (out / "runs" / run / "checkpoints").exists()
     md = (out / "depth_study.md").read_text()
-    rows = [line.split("|")[1:7] for line in md.splitlines() if line.startswith(("| tfixup", "| xavier"))]
+    rows = [line.split("|")[1:8] for line in md.splitlines() if line.startswith(("| tfixup", "| xavier"))]
     assert [(r[0].strip(), r[1].strip()) for r in rows] == [("tfixup", "1"), ("tfixup", "2"), ("xavier_noln", "1"),
                                                             ("xavier_noln", "2")]  # fmt: skip
-    assert all(r[5].strip() in ("no", "loss rose") for r in rows)  # completed, finite (3 updates may not help)
-    assert all(math.isfinite(float(r[4])) for r in rows)  # the end-of-run valid loss
+    assert all(r[6].strip() in ("no", "loss rose") for r in rows)  # completed, finite (3 updates may not help)
+    assert all(math.isfinite(float(r[5])) for r in rows)  # the end-of-run valid loss
+    assert all(float(r[3]) >= float(r[2]) for r in rows)  # the highest loss is at least the first
     assert re.search(r"wall \d+\.\d min \(2 jobs\)", md)
     assert (out / "depth_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     study = json.loads((out / "study.json").read_text())
