@@ -139,6 +139,7 @@ METHODS = {  # method -> (model.norm, init.name, warmup on the toy budget, warmu
     "xavier_noln": ("none", "xavier", 0, 0),
     "preln": ("pre", "xavier", 0, 0),
     "postln": ("post", "xavier", 400, 4000),
+    "postln_nowarmup": ("post", "xavier", 0, 0),
     "deepnorm": ("deepnorm", "deepnorm", 400, 4000),
     "admin": ("admin", "admin", 400, 4000),
 }

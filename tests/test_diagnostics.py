@@ -18,6 +18,7 @@ from tfx.diagnostics import (
     layer_grad_norms,
     layer_stats,
     main,
+    rms_change,
 )
 from tfx.init import apply_init
 
@@ -178,3 +179,13 @@ def test_activation_rms_is_the_rms_of_each_layer_output() -> None:
     keep = {"enc": src.ne(PAD), "dec": prev.ne(PAD)}
     expected = {k: out[keep[k[:3]]].double().pow(2).mean().sqrt().item() for k, out in outputs.items()}
     assert src.eq(PAD).any() and acts.stats() == pytest.approx(expected, rel=1e-5)
+
+
+def test_rms_change_is_the_rms_over_kept_positions() -> None:
+    """The probe's Delta f: sqrt(mean (new - old)^2) over non-pad positions and the vocabulary, by hand."""
+    old = torch.zeros(2, 3, 4)
+    new = torch.zeros(2, 3, 4)
+    new[0, 0] = torch.tensor([3.0, 0.0, 0.0, 0.0])  # (9 + 0 * 19) / 20 over the 5 kept positions x 4
+    new[1, 2] = 1e6  # a padded position: must not count
+    keep = torch.tensor([[True, True, True], [True, True, False]])
+    assert rms_change(new, old, keep) == pytest.approx((9 / 20) ** 0.5)

@@ -20,8 +20,10 @@ import torch.multiprocessing as mp
 import tfx.train as train_mod
 from tfx.checkpoint import CheckpointError, load_checkpoint
 from tfx.config import Config, DataConfig, InitConfig, ModelConfig, OptimConfig, TrainConfig
-from tfx.data import make_batches, prepare_data
-from tfx.train import TrainingDiverged, train
+from tfx.data import Batch, collate, make_batches, prepare_data
+from tfx.diagnostics import rms_change
+from tfx.metrics_log import FILENAME, read_metrics
+from tfx.train import Trainer, TrainingDiverged, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,6 +113,62 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     second = train(tiny_cfg(tmp_path, max_updates=24), tmp_path / "b")["losses"]
     assert len(first) == 13 and len(second) == 11
     assert first + second == full  # exact, not approximately
+    # metrics.jsonl: every update once, the resumed run's file as the uninterrupted one's, one end record
+    for run in ("a", "b"):
+        records = read_metrics(tmp_path / run / FILENAME)
+        updates = [r for r in records if r["event"] == "update"]
+        assert [r["step"] for r in updates] == list(range(1, 25)), run
+        assert [r["train/loss"] for r in updates] == full, run
+        assert [(r["event"], r["status"]) for r in records if r["event"] == "end"] == [("end", "completed")], run
+    valid = [r for r in read_metrics(tmp_path / "b" / FILENAME) if r["event"] == "valid"]
+    assert [r["step"] for r in valid] == [13, 24] and all(math.isfinite(r["valid/loss"]) for r in valid)
+
+
+def test_output_probe_measures_the_logit_change_and_leaves_training_alone(tmp_path: Path) -> None:
+    """probe/output_change is the RMS change of the fixed batch's logits per update; training is bit-identical."""
+    plain = train(tiny_cfg(tmp_path, max_updates=4), tmp_path / "plain")["losses"]  # dropout 0.1: RNG in use
+    logits: list[torch.Tensor] = []
+
+    def forward(trainer: Trainer) -> Batch:
+        batch = collate(trainer.corpus.splits["valid"], [0, 1, 2])
+        trainer.model.eval()
+        with torch.no_grad():
+            logits.append(trainer.model(batch.src_tokens, batch.prev_output_tokens))
+        trainer.model.train()
+        return batch
+
+    trainer = Trainer(tiny_cfg(tmp_path, max_updates=4, probe_updates=2, probe_sentences=3), tmp_path / "probe",
+                      on_update=lambda t, m: forward(t))  # fmt: skip
+    try:
+        keep = forward(trainer).target.ne(0)
+        assert trainer.run()["losses"] == plain
+    finally:
+        trainer.close()
+    updates = [r for r in read_metrics(tmp_path / "probe" / FILENAME) if r["event"] == "update"]
+    assert ["probe/output_change" in r for r in updates] == [True, True, False, False]
+    for t in (1, 2):
+        r = updates[t - 1]
+        assert r["probe/output_change"] == pytest.approx(rms_change(logits[t], logits[t - 1], keep), rel=1e-5)
+        lp = [z.log_softmax(-1) for z in logits[t - 1 : t + 1]]
+        assert r["probe/logprob_change"] == pytest.approx(rms_change(lp[1], lp[0], keep), rel=1e-5)
+        assert 0 < r["probe/output_change"] < 1
+
+
+def test_a_diverged_sweep_point_ends_itself_not_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under -m a SystemExit in a launcher worker aborts every other point: a divergence returns nan instead."""
+    from omegaconf import OmegaConf
+
+    def diverge(cfg: Config, run_dir: Path) -> None:
+        raise TrainingDiverged("10 consecutive non-finite steps at update 3")
+
+    monkeypatch.setattr(train_mod, "train", diverge)
+    node = OmegaConf.structured(tiny_cfg(tmp_path))
+    monkeypatch.setattr(train_mod, "_run_context", lambda: (tmp_path, True))
+    assert math.isnan(train_mod._main(node))
+    monkeypatch.setattr(train_mod, "_run_context", lambda: (tmp_path, False))
+    with pytest.raises(SystemExit) as stopped:
+        train_mod._main(node)
+    assert stopped.value.code == 1
 
 
 def test_tensorboard_tags(tmp_path: Path) -> None:
@@ -140,6 +198,9 @@ def test_non_finite_steps_are_skipped_then_stop(
     monkeypatch.setattr(train_mod, "label_smoothed_loss", poisoned)
     with pytest.raises(TrainingDiverged, match="3 consecutive non-finite steps at update 0"):
         train(tiny_cfg(tmp_path, precision=precision, max_bad_steps=3), tmp_path / "run")
+    records = read_metrics(tmp_path / "run" / FILENAME)
+    assert [(r["event"], r["step"]) for r in records] == [("skipped", 0)] * 3 + [("end", 0)]
+    assert records[-1]["status"] == "diverged" and math.isnan(records[0]["train/loss"])
 
 
 def free_port() -> int:

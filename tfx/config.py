@@ -203,6 +203,10 @@ class TrainConfig:
     resume: str | None = None  # checkpoint to resume from; default: <run>/checkpoints/checkpoint_last.pt
     resume_mode: str = "strict"  # strict: refuse a checkpoint whose settings differ | force: resume, log the changes
     progress: bool = True  # a tqdm bar on a terminal; a log line every log_every_updates otherwise
+    # log probe/output_change (RMS change of the logits of a fixed batch, T-Fixup's Theta(eta) claim) after each
+    # of the first N updates, to TensorBoard and metrics.jsonl (tfx.diagnostics.OutputChange); 0 = off
+    probe_updates: int = 0
+    probe_sentences: int = 8  # the fixed batch: the first this many valid pairs
 
     def __post_init__(self) -> None:
         _require(self.precision in PRECISIONS, f"train.precision={self.precision!r}: use {', '.join(PRECISIONS)}")
@@ -211,6 +215,8 @@ class TrainConfig:
         _require(self.valid_beam >= 1, "train.valid_beam must be >= 1")
         _require(self.keep_last >= 1, "train.keep_last must be >= 1")
         _require(self.resume_mode in ("strict", "force"), "train.resume_mode: use strict or force")
+        _require(self.probe_updates >= 0, "train.probe_updates must be >= 0 (0 = off)")
+        _require(self.probe_sentences >= 1, "train.probe_sentences must be >= 1")
 
 
 @dataclass

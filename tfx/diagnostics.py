@@ -9,6 +9,8 @@ or gradient norms that grow (or shrink) with depth. Three tools:
   ``torch.autograd.grad``, so they are real and the model's own ``.grad`` is never touched.
 - ``layer_grad_norms`` / ``ActivationRMS`` / ``layer_stats``: cheap per-layer numbers the
   trainer logs every K updates, as a flat dict (``"enc/act_rms/0"``, ``"dec/grad_norm/3"``).
+- ``OutputChange``: the per-update change of the model's output on a fixed batch, the quantity
+  T-Fixup's analysis bounds (``train.probe_updates``).
 - a CLI, ``python -m tfx.diagnostics``, that builds, inits and reports on a random batch.
 
 Layers are always listed encoder first, then decoder, in stack order.
@@ -138,6 +140,46 @@ def layer_stats(model: Transformer, activations: ActivationRMS | None = None) ->
     if activations is not None:
         stats.update(activations.stats())
     return stats
+
+
+def rms_change(new: Tensor, old: Tensor, keep: Tensor) -> float:
+    """sqrt(mean over kept positions and the last dim of (new - old)^2); ``keep`` is (B, T) bool."""
+    diff = (new - old)[keep]  # (P, V)
+    return float(diff.pow(2).mean().sqrt())
+
+
+class OutputChange:
+    """Delta f_t = RMS over non-pad positions and the vocabulary of z_t - z_{t-1}, z the logits of a fixed batch.
+
+    T-Fixup (Huang et al. 2020, Sec. 3-5) argues its init bounds ||f(x; theta_{t+1}) - f(x; theta_t)|| = Theta(eta)
+    independently of depth; this measures it. The RMS (not the norm) does not grow with the batch or V;
+    ``logprob_change`` is the same on log-probabilities (shift-invariant). The forward runs in eval mode with
+    no grad and no autocast: it draws no random numbers, so probing leaves training bit-identical. Under
+    FSDP every rank must call ``measure`` (the forward all-gathers each layer).
+    """
+
+    def __init__(self, model: nn.Module, batch: Any, device: torch.device) -> None:
+        self.batch = batch.to(device)
+        self.keep = batch.target.ne(PAD_ID).to(device)
+        self.previous = self._logits(model)
+
+    @torch.no_grad()
+    def _logits(self, model: nn.Module) -> Tensor:
+        was_training = model.training
+        model.eval()
+        try:
+            return model(self.batch.src_tokens, self.batch.prev_output_tokens).float()  # (B, T, V)
+        finally:
+            model.train(was_training)
+
+    def measure(self, model: nn.Module) -> dict[str, float]:
+        """The change since the previous call (or since construction); then remember these logits."""
+        logits = self._logits(model)
+        old, self.previous = self.previous, logits
+        return {
+            "probe/output_change": rms_change(logits, old, self.keep),
+            "probe/logprob_change": rms_change(logits.log_softmax(-1), old.log_softmax(-1), self.keep),
+        }
 
 
 @dataclass

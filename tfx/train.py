@@ -31,10 +31,11 @@ from tfx.checkpoint import CheckpointError, git_sha
 from tfx.config import Config, TrainConfig, register_configs
 from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, Batch, DataError, collate, make_batches, prepare_data
-from tfx.diagnostics import ActivationRMS, layer_stats
+from tfx.diagnostics import ActivationRMS, OutputChange, layer_stats
 from tfx.distributed import DeviceError
 from tfx.init import NEEDS_BATCH, apply_init
 from tfx.logger import Progress, RunLogger
+from tfx.metrics_log import MetricsLog
 from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer, lr_at, set_lr
 from tfx.precision import Precision, StepOutcome
@@ -155,6 +156,8 @@ class Trainer:
         self.resumed_from = self._maybe_resume()
         self.net: nn.Module = self._wrap(self.model)
         self.logger = RunLogger(self.run_dir if self.dist.is_main else None)
+        self.metrics_log = MetricsLog(self.run_dir if self.dist.is_main else None, self.state.step)
+        self.probe = self._output_probe()
         self.progress = Progress(
             self.dist.is_main and cfg.train.progress, cfg.train.max_updates or None, self.state.step,
             cfg.train.log_every_updates,
@@ -168,6 +171,8 @@ class Trainer:
     def close(self) -> None:
         if hasattr(self, "logger"):
             self.logger.close()  # also when training diverged: flush what TensorBoard has
+        if hasattr(self, "metrics_log"):
+            self.metrics_log.close()
         self.ckpts.close()
 
     # ----------------------------------------------------------------- setup
@@ -302,13 +307,17 @@ class Trainer:
         """Epochs of updates until the budget is spent or a signal arrives; then validate and save."""
         self._log_start()
         with StopSignal() as stop:
-            while not self._should_stop(stop):
-                batches = self._epoch_batches()
-                while self.state.batch_in_epoch < len(batches) and not self._should_stop(stop):
-                    self._update(batches)
-                    self._validate_and_save_if_due()
-                if self.state.batch_in_epoch >= len(batches):
-                    self._end_epoch()
+            try:
+                while not self._should_stop(stop):
+                    batches = self._epoch_batches()
+                    while self.state.batch_in_epoch < len(batches) and not self._should_stop(stop):
+                        self._update(batches)
+                        self._validate_and_save_if_due()
+                    if self.state.batch_in_epoch >= len(batches):
+                        self._end_epoch()
+            except TrainingDiverged:
+                self._log_end("diverged")
+                raise
         self.progress.close()
         return self._finish(stop)
 
@@ -319,6 +328,13 @@ class Trainer:
             seed=self.cfg.train.seed, epoch=self.state.epoch if epoch is None else epoch,
             rank=self.dist.rank if rank is None else rank, world_size=self.dist.world_size,
         )  # fmt: skip
+
+    def _output_probe(self) -> OutputChange | None:
+        """The output-change probe on the first ``probe_sentences`` valid pairs, while updates remain to probe."""
+        t, valid = self.cfg.train, self.corpus.splits["valid"]
+        if self.state.step >= t.probe_updates or len(valid) == 0:
+            return None
+        return OutputChange(self.model, collate(valid, list(range(min(t.probe_sentences, len(valid))))), self.device)
 
     def _first_batch(self) -> Batch:
         """The first training batch of rank 0, for schemes that profile the model (Admin): the same
@@ -331,11 +347,17 @@ class Trainer:
         start = self.state.batch_in_epoch
         group = [collate(self.corpus.splits["train"], ix) for ix in batches[start : start + t.update_freq]]
         record = t.layer_stats_every_updates > 0 and self.state.step % t.layer_stats_every_updates == 0
+        step_before = self.state.step
         tic = time.perf_counter()
         metrics = self.train_step(group, record_layers=record)
         self.state.train_seconds += time.perf_counter() - tic
         self.state.batch_in_epoch = start + len(group)
         self.losses.append(metrics["train/loss"])
+        applied = self.state.step > step_before
+        if applied and self.probe is not None and self.state.step <= t.probe_updates:
+            metrics.update(self.probe.measure(self.model))
+        event = "update" if applied else "skipped"  # skipped: a non-finite step (or an fp16 overflow)
+        self.metrics_log.write(event, self.state.step, {"epoch": self.state.epoch, **metrics})
         self._check_finite()
         if self.on_update is not None:
             self.on_update(self, metrics)
@@ -392,6 +414,7 @@ class Trainer:
         minutes = self.state.train_seconds / 60
         metrics = {**result.metrics, "valid/best_bleu": self.state.best_bleu, "valid/train_minutes": minutes}
         self.logger.scalars(metrics, self.state.step)
+        self.metrics_log.write("valid", self.state.step, metrics)
         self.logger.translations("valid/samples", result.samples, self.state.step)
         log.info(
             "validation at update %d (%.1f train min): loss %.3f | BLEU %.2f (best %.2f) | %s",
@@ -409,6 +432,7 @@ class Trainer:
                 "stopped by %s at update %d; wrote %s; re-run the same command to resume",
                 stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt",
             )  # fmt: skip
+        self._log_end("completed" if stop.received is None else f"stopped by {stop.received}")
         final = {"hparam/best_bleu": self.state.best_bleu, "hparam/updates": self.state.step}
         self.logger.hparams(hparams(self.cfg), final)
         return {
@@ -430,6 +454,9 @@ class Trainer:
             metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
             self._window = (0.0, time.perf_counter())
             self.logger.scalars({**metrics, "train/epoch": self.state.epoch}, self.state.step)
+
+    def _log_end(self, status: str) -> None:
+        self.metrics_log.write("end", self.state.step, {"status": status, "train_seconds": self.state.train_seconds})
 
     def _log_start(self) -> None:
         n_params = sum(p.numel() for p in self.model.parameters()) / 1e6
@@ -488,8 +515,16 @@ def train(cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> di
 register_configs()
 
 
-def _main(cfg_node: Any) -> float:
+def _run_context() -> tuple[Path, bool]:
+    """This job's run folder, and whether it is one point of a multirun sweep."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    return Path(hydra_cfg.runtime.output_dir), hydra_cfg.mode == RunMode.MULTIRUN
+
+
+def _main(cfg_node: Any) -> float:
     from omegaconf import OmegaConf
 
     try:
@@ -497,9 +532,15 @@ def _main(cfg_node: Any) -> float:
     except ValueError as e:
         log.error("config error: %s", e)
         sys.exit(2)
+    run_dir, sweeping = _run_context()
     try:
-        summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
-    except (DataError, CheckpointError, DeviceError, ShardingError, TrainingDiverged) as e:
+        summary = train(cfg, run_dir)
+    except TrainingDiverged as e:
+        log.error("%s", e)
+        if sweeping:  # a finding, not a failure: SystemExit in a launcher's worker would abort every other point
+            return math.nan  # the run's metrics.jsonl ends with status "diverged"
+        sys.exit(1)
+    except (DataError, CheckpointError, DeviceError, ShardingError) as e:
         log.error("%s", e)
         sys.exit(1)
     return summary["best_bleu"]

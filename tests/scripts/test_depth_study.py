@@ -1,18 +1,25 @@
-"""scripts/depth_study.py: the output-change probe is exact and harmless, and a micro study writes its table."""
+"""scripts/depth_study.py: every arm is the run it claims, rows come from metrics.jsonl, a micro study end to end."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 
 import pytest
-import torch
 
 from tests.conftest import load_script
-from tfx.config import DataConfig
-from tfx.train import Trainer
+from tfx.config import compose_config
+
+TINY = [
+    "data.toy_train_size=300",
+    "data.toy_valid_size=12",
+    "data.toy_test_size=4",
+    "data.vocab_size=64",
+    "train.valid_max_sentences=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -20,101 +27,80 @@ def ds() -> ModuleType:
     return load_script("depth_study")
 
 
-def micro_settings(ds: ModuleType, out: Path) -> object:
-    data = DataConfig(
-        source="toy", name="toy", toy_train_size=300, toy_valid_size=12, toy_test_size=4, vocab_size=64,
-        cache_dir=str(out / "cache"), max_tokens=120,
-    )  # fmt: skip
-    return ds.StudySettings(
-        out=out, data=data, depths=[1, 3], configs=["tfixup", "xavier"], updates=6, d_model=16, ffn_dim=32,
-        heads=4, jobs=1, threads=1, probe_updates=4, probe_sentences=4, valid_max_sentences=2, device="cpu",
-    )  # fmt: skip
+# arm -> (model.norm, init.name, optim.name, warmup over 200 updates)
+EXPECTED = {
+    "tfixup": ("none", "tfixup", "adam", 0),
+    "tfixup_radam": ("none", "tfixup", "radam", 0),
+    "postln": ("post", "xavier", "adam", 50),
+    "postln_nowarmup": ("post", "xavier", "adam", 0),
+    "preln": ("pre", "xavier", "adam", 0),
+    "deepnorm": ("deepnorm", "deepnorm", "adam", 50),
+    "admin": ("admin", "admin", "adam", 50),
+    "xavier_noln": ("none", "xavier", "adam", 0),
+}
 
 
-def test_rms_change_ignores_padding(ds: ModuleType) -> None:
-    old = torch.zeros(2, 3, 5)
-    new = torch.full((2, 3, 5), 0.5)
-    new[1, 2] = 1e6  # a padded position: must not count
-    keep = torch.tensor([[True, True, True], [True, True, False]])
-    assert ds.rms_change(new, old, keep) == pytest.approx(0.5)
+def test_every_arm_composes_to_its_method_on_the_shared_budget(ds: ModuleType, tmp_path: Path) -> None:
+    """The arm files the multirun sweeps (+arm=NAME on Hydra's search path) are the runs the table names."""
+    assert set(ds.ARMS) == set(EXPECTED)
+    args = ds.parse_args(["--out", str(tmp_path)])
+    ds.write_arms(tmp_path / "arms", list(ds.ARMS))
+    for arm, (norm, init, optim, warmup) in EXPECTED.items():
+        search = f"hydra.searchpath=[file://{tmp_path / 'arms'}]"
+        cfg = compose_config([search, f"+arm={arm}", "model.encoder_layers=24", *ds.run_overrides(args)])
+        assert (cfg.model.norm, cfg.init.name, cfg.optim.name, cfg.optim.warmup_updates) == (norm, init, optim, warmup)
+        assert (cfg.model.d_model, cfg.model.ffn_dim, cfg.model.dropout, cfg.data.max_tokens) == (32, 64, 0.0, 256)
+        assert (cfg.optim.lr, cfg.optim.clip_norm, cfg.train.max_updates, cfg.train.threads) == (5e-4, 0.0, 200, 1)
+        assert (cfg.train.probe_updates, cfg.train.precision, cfg.data.name) == (100, "fp32", "toy")
 
 
-def test_divergence_labels(ds: ModuleType) -> None:
-    def result(losses: list[float], stopped: bool = False) -> object:
-        return ds.RunResult("r", "tfixup", 6, losses, [0.1], [0.1], stopped, 0, 1.0, 1.0, 1.0)
-
-    assert result([8.0] + [5.0] * 12).diverged == "no"
-    assert result([5.0] + [6.0] * 12).diverged == "loss rose"
-    assert result([8.0, math.nan]).diverged == "non-finite"
-    assert result([8.0, 7.0], stopped=True).diverged == "non-finite"
-    assert result([8.0] * 12).final_loss == 8.0
-    assert math.isnan(ds.finite_max([0.1, math.inf])) and ds.finite_max([0.1, 0.3]) == 0.3
+def update(step: int, loss: float, probe: float | None = None) -> dict:
+    record = {"event": "update", "step": step, "train/loss": loss}
+    return record if probe is None else {**record, "probe/output_change": probe}
 
 
-def test_initial_model_is_the_trainers(ds: ModuleType, tmp_path: Path) -> None:
-    """The probe's θ_0 comes from a replica; it must equal the weights the trainer starts from."""
-    settings = micro_settings(ds, tmp_path)
-    cfg = ds.build_config(settings, "tfixup", 3)
-    trainer = Trainer(cfg, tmp_path / "run")
-    try:
-        replica = ds.initial_model(cfg, trainer.corpus.tokenizer.vocab_size)
-        theirs = trainer.model.state_dict()
-        for name, value in replica.state_dict().items():
-            torch.testing.assert_close(value, theirs[name], rtol=0, atol=0, msg=name)
-    finally:
-        trainer.logger.close()
+def test_rows_and_divergence_labels_from_metrics_records(ds: ModuleType) -> None:
+    end = {"event": "end", "step": 12, "status": "completed", "train_seconds": 3.0}
+    ok = [update(1, 8.0, 0.2), update(2, 7.0, 0.1), update(3, 6.0, 0.4)] + [update(i, 5.0) for i in range(4, 13)]
+    row = ds.summarize([*ok, {"event": "valid", "step": 12, "valid/loss": 4.5}, end])
+    assert (row["first"], row["max"], row["final"], row["valid"], row["diverged"]) == (8.0, 8.0, 5.1, 4.5, "no")
+    assert (row["max_df"], row["median_df"], row["skipped"], row["seconds"]) == (0.4, 0.2, 0, 3.0)
+    assert ds.summarize([update(1, 5.0), *[update(i, 6.0) for i in range(2, 13)], end])["diverged"] == "loss rose"
+    diverged = ds.summarize([update(1, 8.0, math.inf), {"event": "skipped", "step": 1, "train/loss": math.nan},
+                             {**end, "status": "diverged"}])  # fmt: skip
+    assert (diverged["diverged"], diverged["skipped"], math.isnan(diverged["max_df"])) == ("non-finite", 1, True)
+    assert math.isnan(diverged["valid"])
+    assert ds.summarize([update(1, 8.0), update(2, math.nan), end])["diverged"] == "non-finite"
+    assert ds.summarize(ok)["diverged"] == "unfinished"
+    assert ds.summarize([*ok, {**end, "status": "stopped by SIGTERM"}])["diverged"] == "stopped by SIGTERM"
 
 
-def test_probe_skips_steps_that_did_not_update(ds: ModuleType) -> None:
-    """A skipped (non-finite) step leaves θ and the step counter alone: no loss, no Δf recorded."""
-    model = torch.nn.Linear(2, 2)  # stands in for the Transformer: called as model(src, prev)
-    model.forward = lambda src, prev: src.float()[..., None].expand(-1, -1, 3) * prev.float()[..., None]
-    batch = SimpleNamespace(
-        src_tokens=torch.ones(1, 2), prev_output_tokens=torch.ones(1, 2), target=torch.tensor([[5, 1]]),
-    )  # fmt: skip
-    batch.to = lambda device: batch
-    logged = []
-    trainer = SimpleNamespace(
-        model=model, device=torch.device("cpu"), state=SimpleNamespace(step=0),
-        logger=SimpleNamespace(scalars=lambda values, step: logged.append(step)),
-    )  # fmt: skip
-    probe = ds.OutputProbe(batch, torch.zeros(1, 2, 3), max_updates=5)
-    trainer.state.step = 1
-    probe(trainer, {"train/loss": 7.0})
-    probe(trainer, {"train/loss": math.nan})  # skipped: step still 1
-    assert probe.losses == [7.0] and probe.skipped == 1 and logged == [1]
-    assert probe.output_change == [pytest.approx(1.0)]
-    assert model.training  # the probe restores the mode it found
+@pytest.mark.slow
+def test_micro_study_trains_through_hydra_multirun_and_replots(ds: ModuleType, tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    argv = ["--out", str(out), "--methods", "tfixup", "xavier_noln", "--depths", "1", "2", "--updates", "3",
+            "--d-model", "16", *TINY, f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    assert ds.main(argv) == 0
+    runs = sorted(p.name for p in (out / "runs").iterdir() if p.is_dir())
+    assert runs == ["tfixup_N1", "tfixup_N2", "xavier_noln_N1", "xavier_noln_N2"]
+    for run in runs:  # one TensorBoard folder (runs/), each run's own metrics file, checkpoints removed
+        assert any((out / "runs" / run / "tb").iterdir()) and not (out / "runs" / run / "checkpoints").exists()
+    md = (out / "depth_study.md").read_text()
+    rows = [line.split("|")[1:8] for line in md.splitlines() if line.startswith(("| tfixup", "| xavier"))]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("tfixup", "1"), ("tfixup", "2"), ("xavier_noln", "1"),
+                                                            ("xavier_noln", "2")]  # fmt: skip
+    assert all(r[6].strip() in ("no", "loss rose") for r in rows)  # completed, finite (3 updates may not help)
+    assert all(math.isfinite(float(r[5])) for r in rows)  # the end-of-run valid loss
+    assert all(float(r[3]) >= float(r[2]) for r in rows)  # the highest loss is at least the first
+    assert re.search(r"wall \d+\.\d min \(2 jobs\)", md)
+    assert (out / "depth_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    study = json.loads((out / "study.json").read_text())
+    assert study["arms"] == ["tfixup", "xavier_noln"] and study["depths"] == [1, 2]
+    (out / "depth_study.md").unlink()
+    assert ds.main(["--out", str(out), "--replot"]) == 0  # from study.json and the metrics files alone
+    assert (out / "depth_study.md").read_text() == md
 
 
-def test_micro_study_writes_table_plot_and_json(ds: ModuleType, tmp_path: Path) -> None:
-    settings = micro_settings(ds, tmp_path / "study")
-    results = ds.run_study(settings)
-    assert len(results) == 4
-    md = (tmp_path / "study" / "depth_study.md").read_text()
-    rows = [line for line in md.splitlines() if line.startswith("| tfixup") or line.startswith("| xavier")]
-    assert [row.split("|")[1:3] for row in rows] == [
-        [" tfixup ", " 1 "], [" tfixup ", " 3 "], [" xavier ", " 1 "], [" xavier ", " 3 "],
-    ]  # fmt: skip
-    tfixup = {r.depth: r for r in results if r.config == "tfixup"}
-    for r in tfixup.values():
-        assert len(r.losses) == 6 and len(r.output_change) == 4 and r.diverged == "no"
-        assert 0 < r.max_output_change < 10 and math.isfinite(r.valid_loss)
-    assert (tmp_path / "study" / "depth_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert ds.main(["--out", str(tmp_path / "study"), "--replot"]) == 0  # from the JSON alone
-    assert (tmp_path / "study" / "depth_study.md").read_text() == md
-    saved = json.loads((tmp_path / "study" / "depth_study.json").read_text())
-    assert {r["name"] for r in saved["runs"]} == {"tfixup_N1", "tfixup_N3", "xavier_N1", "xavier_N3"}
-    runs = tmp_path / "study" / "runs"
-    assert sorted(p.name for p in runs.iterdir()) == ["tfixup_N1", "tfixup_N3", "xavier_N1", "xavier_N3"]
-    assert all(not (p / "checkpoints").exists() and any((p / "tb").iterdir()) for p in runs.iterdir())
-
-
-def test_no_run_starts_after_an_interrupt(ds: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker that saw SIGINT/SIGTERM refuses queued runs instead of training them."""
-    settings = micro_settings(ds, tmp_path)
-    spec = ds.plan_runs(settings)[0]
-    monkeypatch.setattr(ds, "_interrupted", True)
-    with pytest.raises(ds.StudyInterrupted, match="not started"):
-        ds.run_one(spec)
-    assert not spec.run_dir.exists()
+def test_replot_without_a_study_is_one_line(ds: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert ds.main(["--out", str(tmp_path), "--replot"]) == 2
+    assert "study.json not found" in capsys.readouterr().err
