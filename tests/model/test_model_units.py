@@ -129,9 +129,10 @@ def test_positions_are_not_saved_in_the_state_dict() -> None:
     assert not any("positions" in key for key in tiny_model().state_dict())
 
 
-def test_beams_sharing_a_source_row_attend_as_if_it_were_copied() -> None:
+@pytest.mark.parametrize("g", [2, 3])
+def test_beams_sharing_a_source_row_attend_as_if_it_were_copied(g: int) -> None:
     """g query rows per key row (the beams of one sentence) give what expanding the keys would give."""
-    g, attn = 3, MultiheadAttention(16, 4).double().eval()
+    attn = MultiheadAttention(16, 4).double().eval()
     gen = torch.Generator().manual_seed(0)
     query = torch.randn(2 * g, 2, 16, generator=gen, dtype=torch.double)  # (B*g, T, D)
     source = torch.randn(2, 5, 16, generator=gen, dtype=torch.double)  # (B, S, D)
@@ -139,9 +140,9 @@ def test_beams_sharing_a_source_row_attend_as_if_it_were_copied() -> None:
     grouped = attn(query, source, key_padding_mask=pad)
     copied = attn(query, source.repeat_interleave(g, 0), key_padding_mask=pad.repeat_interleave(g, 0))
     torch.testing.assert_close(grouped, copied, atol=1e-12, rtol=1e-12)
-    with pytest.raises(ValueError, match="cannot share"):
-        attn(query[:5], source)
-    with pytest.raises(ValueError, match="causal"):
+    with pytest.raises(ValueError, match=f"^{2 * g - 1} query rows cannot share 2 key rows$"):
+        attn(query[: 2 * g - 1], source)
+    with pytest.raises(ValueError, match=f"^{2 * g} query rows cannot share 2 key rows under a causal mask$"):
         attn(query, source, causal=True)
 
 
@@ -165,3 +166,19 @@ def test_repeated_reorders_reuse_the_spare_buffers_and_keep_every_row() -> None:
     keys, values = cache.append(new, -new)
     torch.testing.assert_close(keys, torch.cat([history[:1], new], dim=2))
     torch.testing.assert_close(values, -keys)
+
+
+def test_reorders_that_fan_rows_out_keep_every_row() -> None:
+    """Beam search's first reorder fans 2 rows out to 6 (a long buffer, few rows); the next reorders,
+    with a spare holding only 2 rows, must still keep all 6."""
+    cache = KVCache(capacity=16)
+    parts = steps(1, 1)
+    for part in parts:
+        cache.append(part, -part)
+    history = torch.cat(parts, dim=2)  # (2, 3, 2, 4)
+    for order in ([0, 0, 0, 1, 1, 1], [5, 4, 3, 2, 1, 0], [1, 1, 0, 0, 2, 2]):
+        cache.reorder(torch.tensor(order))
+        history = history[order]
+        keys, values = cache.keys_values()
+        torch.testing.assert_close(keys, history)
+        torch.testing.assert_close(values, -history)
