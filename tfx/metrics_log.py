@@ -17,12 +17,11 @@ updates <= S without their ``end``: it then describes exactly the trajectory the
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tfx.checkpoint import CheckpointError
+from tfx.checkpoint import CheckpointError, atomic_open
 
 FILENAME = "metrics.jsonl"
 
@@ -49,10 +48,9 @@ class MetricsLog:
         keep = []
         if self.path.is_file():
             keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= resumed_step and r["event"] != "end"]
-        tmp = self.path.with_name(f".{FILENAME}.tmp")
         try:
-            tmp.write_text("".join(_line(r) for r in keep))
-            os.replace(tmp, self.path)
+            with atomic_open(self.path, "w") as f:
+                f.write("".join(_line(r) for r in keep))
             self._file = self.path.open("a")
         except OSError as e:
             raise CheckpointError(f"cannot write {self.path}: {e.strerror}; check the run folder") from e
