@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,10 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "deepnorm": ("deepnorm", []),
     "admin": ("admin", []),
     "xavier_noln": ("xavier_noln", []),
+    # Post-LN's warmup, then T-Fixup's decay (scripts/budget_study.py: separates the init from the schedule)
+    "postln_tfixup_lr": ("postln", ["optim.offset_decay=true"]),
 }
+STUDY_ARMS = [arm for arm in ARMS if arm != "postln_tfixup_lr"]  # the depth study's default arms
 FINAL_WINDOW = 10  # updates averaged into the final train loss
 SMOOTH = 10  # running-mean window of the plotted curves
 
@@ -211,7 +215,7 @@ def report(out: Path) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("outputs/depth_study"))
-    p.add_argument("--methods", nargs="+", default=list(ARMS), choices=list(ARMS), help="arms of the study")
+    p.add_argument("--methods", nargs="+", default=STUDY_ARMS, choices=list(ARMS), help="arms of the study")
     p.add_argument("--depths", type=int, nargs="+", default=[6, 24, 100, 200], help="layers per side")
     p.add_argument("--updates", type=int, default=200)
     p.add_argument("--d-model", type=int, default=32, help="FFN is 2x")
@@ -226,21 +230,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def open_study(path: Path, fresh: dict[str, Any], arms: list[str]) -> dict[str, Any] | None:
+    """The study record at ``path`` (``fresh`` when there is none) with ``arms`` added; None, after saying why,
+    when it holds a study with other settings (shared with scripts/budget_study.py)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    study = json.loads(path.read_text()) if path.exists() else fresh
+    if study["overrides"] != fresh["overrides"]:
+        print(f"{path} holds a study with other settings: use another --out", file=sys.stderr)
+        return None
+    study["arms"] += [a for a in arms if a not in study["arms"]]
+    return study
+
+
+def train_or_replot(args: argparse.Namespace, train: Callable[[argparse.Namespace], int],
+                    report: Callable[[Path], str]) -> int:  # fmt: skip
+    """A study's main: train (unless ``--replot``), then print the table written from ``<out>``."""
+    if not args.replot:
+        if code := train(args):
+            return code
+    elif not (args.out / "study.json").exists():
+        print(f"--replot: {args.out / 'study.json'} not found; run the study first", file=sys.stderr)
+        return 2
+    print(report(args.out))
+    return 0
+
+
 def train_all(args: argparse.Namespace) -> int:
     """Launch the study; ``study.json`` first (so ``--replot`` works on a stopped study), its wall time last.
 
     A later invocation into the same ``--out`` with the same settings adds its arms and depths to the study
     (e.g. ``--depths 200`` after ``--depths 6 24 100``) and its wall time to the total.
     """
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "study.json"
-    study = {"arms": [], "depths": [], "jobs": args.jobs, "overrides": run_overrides(args), "wall_seconds": 0.0}
-    if path.exists():
-        study = json.loads(path.read_text())
-        if study["overrides"] != run_overrides(args):
-            print(f"{path} holds a study with other settings: use another --out", file=sys.stderr)
-            return 2
-    study["arms"] += [a for a in args.methods if a not in study["arms"]]
+    fresh = {"arms": [], "depths": [], "jobs": args.jobs, "overrides": run_overrides(args), "wall_seconds": 0.0}
+    if (study := open_study(path, fresh, args.methods)) is None:
+        return 2
     study["depths"] = sorted(set(study["depths"]) | set(args.depths))
     study["finished"] = False
     path.write_text(json.dumps(study, indent=1))
@@ -264,16 +288,7 @@ def train_all(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if not args.replot:
-        code = train_all(args)
-        if code != 0:
-            return code
-    elif not (args.out / "study.json").exists():
-        print(f"--replot: {args.out / 'study.json'} not found; run the study first", file=sys.stderr)
-        return 2
-    print(report(args.out))
-    return 0
+    return train_or_replot(parse_args(argv), train_all, report)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,17 @@ def test_warmup_inverse_sqrt_matches_fairseq() -> None:
     assert lr_at(16000, cfg) == pytest.approx(2.5e-4)
 
 
+def test_offset_decay_after_warmup_is_tfixups_schedule() -> None:
+    """Warmup 100, then lr * sqrt(4000 / (4000 + t)): at update 550 still 4.7e-4 (inverse-sqrt: 2.1e-4)."""
+    cfg = OptimConfig(lr=5e-4, warmup_updates=100, warmup_init_lr=1e-7, offset_decay=True)
+    plain = OptimConfig(lr=5e-4, warmup_updates=100, warmup_init_lr=1e-7)
+    for t in (0, 50, 99):
+        assert lr_at(t, cfg) == lr_at(t, plain)  # the same warmup
+    assert lr_at(550, cfg) == pytest.approx(5e-4 * math.sqrt(4000 / 4550))
+    assert lr_at(550, cfg) == pytest.approx(4.69e-4, abs=5e-7)
+    assert lr_at(550, plain) == pytest.approx(2.13e-4, abs=5e-7)
+
+
 def test_optimizer_is_decoupled_adam() -> None:
     model = tiny_model()
     opt = build_optimizer(model, OptimConfig(weight_decay=0.1), torch.device("cpu"))

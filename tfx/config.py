@@ -163,6 +163,7 @@ class OptimConfig:
     budget_warmup: int = 4000  # the warmup_updates of a method that warms up (postln, deepnorm, admin) at this budget
     warmup_init_lr: float = 1e-7  # lr at update 0 when warming up
     decay_offset: int = 4000  # no-warmup inverse-sqrt: lr * sqrt(offset / (offset + t))
+    offset_decay: bool = False  # after a warmup: lr * sqrt(offset / (offset + t)), not lr * sqrt(W / t)
     clip_norm: float = 0.0  # gradient-norm clipping; 0 = off
     label_smoothing: float = 0.1  # label-smoothed cross-entropy epsilon
 

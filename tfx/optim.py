@@ -40,9 +40,11 @@ def lr_at(step: int, cfg: OptimConfig) -> float:
     - ``warmup_updates == 0`` (T-Fixup reference): lr * sqrt(offset / (offset + t)), no warmup;
       decays from the first update, with ``decay_offset`` = 4000 as in the reference.
     - ``warmup_updates = W > 0`` (fairseq ``inverse_sqrt``): linear from ``warmup_init_lr`` to
-      lr over W updates, then lr * sqrt(W / t).
+      lr over W updates, then lr * sqrt(W / t); with ``offset_decay``, then T-Fixup's
+      lr * sqrt(offset / (offset + t)) instead (Post-LN on T-Fixup's schedule: the warmup is
+      the only difference, so a comparison separates the init from the schedule).
     """
-    if cfg.warmup_updates == 0:
+    if cfg.warmup_updates == 0 or (cfg.offset_decay and step >= cfg.warmup_updates):
         return cfg.lr * math.sqrt(cfg.decay_offset / (cfg.decay_offset + step))
     if step < cfg.warmup_updates:
         return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / cfg.warmup_updates

@@ -37,12 +37,14 @@ EXPECTED = {
     "deepnorm": ("deepnorm", "deepnorm", "adam", 50),
     "admin": ("admin", "admin", "adam", 50),
     "xavier_noln": ("none", "xavier", "adam", 0),
+    "postln_tfixup_lr": ("post", "xavier", "adam", 50),  # + T-Fixup's decay after the warmup (budget_study.py)
 }
 
 
 def test_every_arm_composes_to_its_method_on_the_shared_budget(ds: ModuleType, tmp_path: Path) -> None:
     """The arm files the multirun sweeps (+arm=NAME on Hydra's search path) are the runs the table names."""
     assert set(ds.ARMS) == set(EXPECTED)
+    assert ds.parse_args([]).methods == [arm for arm in EXPECTED if arm != "postln_tfixup_lr"]
     args = ds.parse_args(["--out", str(tmp_path)])
     ds.write_arms(tmp_path / "arms", list(ds.ARMS))
     for arm, (norm, init, optim, warmup) in EXPECTED.items():
