@@ -47,7 +47,7 @@ SMOOTH = 20
 
 
 def run_overrides(args: argparse.Namespace) -> list[str]:
-    """What every run shares (the arm is swept); +experiment before +arm, so the arm's method wins."""
+    """What every run shares (the arm is swept, after these: +experiment comes first, so the arm's method wins)."""
     return [
         "+experiment=multi30k", f"data.local_dir={args.data_dir}", f"train.max_minutes={args.minutes}",
         f"train.validate_every_minutes={args.minutes / 3}", f"train.threads={args.threads}",
@@ -61,8 +61,7 @@ def launch(args: argparse.Namespace) -> int:
     cmd = [
         sys.executable, "-m", "tfx.train", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={args.jobs}",
         f"hydra.searchpath=[file://{args.out / 'arms'}]", f"hydra.sweep.dir={args.out / 'runs'}",
-        "hydra.sweep.subdir=${hydra:runtime.choices.arm}", *run_overrides(args)[:1],
-        "+arm=" + ",".join(args.methods), *run_overrides(args)[1:],
+        "hydra.sweep.subdir=${hydra:runtime.choices.arm}", *run_overrides(args), "+arm=" + ",".join(args.methods),
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=REPO).returncode
 
@@ -73,8 +72,8 @@ def decode_jobs(out: Path, arms: list[str], data_dir: Path) -> list[list[str]]:
     for arm in arms:
         ckpt = out / "runs" / arm / "checkpoints" / "checkpoint_last.pt"
         for name in TEST_SETS:
-            hyp = out / "runs" / arm / "test" / f"{name}.hyp"
-            if ckpt.exists() and not hyp.with_suffix(".bleu.json").exists():
+            hyp = out / "runs" / arm / "test" / f"{name}.hyp"  # tfx.evaluate scores it in <name>.bleu.json
+            if ckpt.exists() and not score_path(out / "runs" / arm, name).exists():
                 cmds.append([
                     sys.executable, "-m", "tfx.evaluate", str(ckpt), "--src", str(data_dir / f"{name}.de"),
                     "--ref", str(data_dir / f"{name}.en"), "--beam", "5", "--quiet", "--output", str(hyp),
@@ -87,7 +86,7 @@ def decode_all(cmds: list[list[str]], jobs: int) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
     def one(cmd: list[str]) -> int:
-        (Path(cmd[-1]).parent).mkdir(parents=True, exist_ok=True)
+        Path(cmd[-1]).parent.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
         bleu = [line for line in done.stdout.splitlines() if line.startswith("BLEU")] or ["no score"]
         print(f"{Path(cmd[-1]).relative_to(Path(cmd[-1]).parents[2])}: {bleu[0]}")
@@ -97,6 +96,10 @@ def decode_all(cmds: list[list[str]], jobs: int) -> int:
 
     with ThreadPoolExecutor(jobs) as pool:
         return sum(code != 0 for code in pool.map(one, cmds))
+
+
+def score_path(run: Path, name: str) -> Path:
+    return run / "test" / f"{name}.bleu.json"
 
 
 def test_bleu(path: Path) -> float:
@@ -118,7 +121,7 @@ def summarize(run: Path, minutes: float) -> dict[str, Any]:
     return {
         "updates": len(losses), "status": ends[-1]["status"] if ends else "unfinished",
         "final": statistics.fmean(losses[-FINAL_WINDOW:]) if losses else math.nan, "losses": losses,
-        "valid": valid, "valid_at": at, "test": [test_bleu(run / "test" / f"{n}.bleu.json") for n in TEST_SETS],
+        "valid": valid, "valid_at": at, "test": [test_bleu(score_path(run, n)) for n in TEST_SETS],
     }  # fmt: skip
 
 
