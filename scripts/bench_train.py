@@ -406,8 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer:
         return peer_comparison(cfg, args)
     print(table_header(cfg, args), flush=True)
-    results, profiled, failed = [], "", False
-    for mode in args.compile:  # a row as soon as it is measured: a later setting failing or timing out keeps it
+    results, profiled, failed = [], False, False
+    # Each row, and the profile of the first setting measured, as soon as they exist: a later setting
+    # failing or timing out (torch.compile can take minutes) keeps them.
+    for mode in args.compile:
         try:
             result, bench, batches = measure(cfg, args, compile_model=mode == "on")
         except Exception as err:  # noqa: BLE001 - e.g. torch.compile failing on this machine: report, go on
@@ -418,10 +420,11 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         print(table_row(result), flush=True)
         if args.profile and not profiled:
-            profiled = f"\nprofile, compile {mode}:\n\n" + profile_table(bench, batches, args.profile_steps)
+            print(f"\nprofile, compile {mode}:\n\n{profile_table(bench, batches, args.profile_steps)}\n", flush=True)
+            profiled = True
         del bench, batches  # free the device before the next setting
-    if profiled:
-        print(profiled)
+    if profiled and len(results) > 1:  # the rows together again, below the profile
+        print("\n".join([table_header(cfg, args), *map(table_row, results)]), flush=True)
     if args.json:
         args.json.write_text(json.dumps([vars(r) for r in results], indent=1))
     return 1 if failed else 0
