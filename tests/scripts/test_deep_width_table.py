@@ -63,9 +63,10 @@ def test_every_candidate_is_a_valid_override_set(dw: ModuleType, tmp_path) -> No
         args = dw.overrides(name, 3, 30, "fp32", tmp_path)
         cfg = load([a for a in args if not a.startswith("hydra.")])
         assert cfg.model.encoder_layers == 3 and cfg.train.log_every_updates == 1 and cfg.data.max_tokens == 256
-        assert cfg.train.device == "cpu"
+        assert (cfg.train.device, cfg.train.threads) == ("cpu", 1)  # two runs at once on 2 cores
     cfg = load([a for a in dw.overrides("adam_3e-5", 3, 30, "bf16", tmp_path, "cuda") if not a.startswith("hydra.")])
     assert (cfg.train.device, cfg.train.precision, cfg.optim.lr) == ("cuda", "bf16", 3e-5)
+    assert cfg.train.threads == 0  # beside a GPU every CPU thread builds and initializes the model
 
 
 def tiny_batch(seed: int):
