@@ -35,7 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a plain file from a checkout
 sys.path.insert(0, str(REPO / "scripts"))
-from depth_study import ARMS, open_study, running_mean, train_or_replot, write_arms  # noqa: E402
+from depth_study import ARMS, multirun, open_study, running_mean, train_or_replot  # noqa: E402
 
 from tfx.metrics_log import FILENAME, read_metrics  # noqa: E402
 
@@ -57,13 +57,8 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
 
 def launch(args: argparse.Namespace) -> int:
     """The training multirun, in ``--methods`` order (joblib hands the next arm to whichever job frees first)."""
-    write_arms(args.out / "arms", args.methods)
-    cmd = [
-        sys.executable, "-m", "tfx.train", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={args.jobs}",
-        f"hydra.searchpath=[file://{args.out / 'arms'}]", f"hydra.sweep.dir={args.out / 'runs'}",
-        "hydra.sweep.subdir=${hydra:runtime.choices.arm}", *run_overrides(args), "+arm=" + ",".join(args.methods),
-    ]  # fmt: skip
-    return subprocess.run(cmd, cwd=REPO).returncode
+    sweep = [*run_overrides(args), "+arm=" + ",".join(args.methods)]
+    return multirun(args.out, args.methods, args.jobs, "${hydra:runtime.choices.arm}", sweep)
 
 
 def decode_jobs(out: Path, arms: list[str], data_dir: Path) -> list[list[str]]:

@@ -78,7 +78,7 @@ def overrides(
     candidate: str, depth: int, updates: int, precision: str, run_dir: Path, device: str = "cpu", extra: tuple = ()
 ) -> list[str]:
     # One CPU thread per run on a CPU (runs go two at a time on 2 cores); all of them beside a GPU, where the CPU
-    # only builds and initializes the model (~25 s for 1B parameters on one thread).
+    # only builds and initializes the model, and one thread would make that the slow part.
     threads = 1 if device == "cpu" else 0
     return [
         "+experiment=deep", "data=toy", "data.max_tokens=256", "data.toy_valid_size=16", "data.toy_test_size=16",

@@ -91,17 +91,25 @@ def write_arms(folder: Path, arms: list[str]) -> None:
         (folder / "arm" / f"{arm}.yaml").write_text(f"# @package _global_\n# depth-study arm {arm}\n{body}")
 
 
-def launch(args: argparse.Namespace) -> int:
-    """One multirun over arms x depths, deepest first (a run that diverged ends itself, not the sweep)."""
-    write_arms(args.out / "arms", args.methods)
+def multirun(out: Path, arms: list[str], jobs: int, subdir: str, overrides: list[str]) -> int:
+    """One ``tfx.train`` multirun (joblib, ``jobs`` runs at once) with the ``arms`` configs on Hydra's search path,
+    each run in ``out/runs/<subdir>``; ``overrides`` (in their order) sweep the arms and whatever else
+    (shared with scripts/budget_study.py)."""
+    write_arms(out / "arms", arms)
     cmd = [
-        sys.executable, "-m", "tfx.train", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={args.jobs}",
-        f"hydra.searchpath=[file://{args.out / 'arms'}]", f"hydra.sweep.dir={args.out / 'runs'}",
-        "hydra.sweep.subdir=${hydra:runtime.choices.arm}_N${model.encoder_layers}",
-        "model.encoder_layers=" + ",".join(str(n) for n in sorted(args.depths, reverse=not args.shallow_first)),
-        "model.decoder_layers=${model.encoder_layers}", "+arm=" + ",".join(args.methods), *run_overrides(args),
+        sys.executable, "-m", "tfx.train", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}",
+        f"hydra.searchpath=[file://{out / 'arms'}]", f"hydra.sweep.dir={out / 'runs'}",
+        f"hydra.sweep.subdir={subdir}", *overrides,
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=REPO).returncode
+
+
+def launch(args: argparse.Namespace) -> int:
+    """One multirun over arms x depths, deepest first (a run that diverged ends itself, not the sweep)."""
+    depths = ",".join(str(n) for n in sorted(args.depths, reverse=not args.shallow_first))
+    sweep = [f"model.encoder_layers={depths}", "model.decoder_layers=${model.encoder_layers}",
+             "+arm=" + ",".join(args.methods), *run_overrides(args)]  # fmt: skip
+    return multirun(args.out, args.methods, args.jobs, "${hydra:runtime.choices.arm}_N${model.encoder_layers}", sweep)
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:

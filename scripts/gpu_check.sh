@@ -11,7 +11,7 @@
 # 2. Deep at width (issue 13): +experiment=deep (d 512, lr 3e-5) at 100+100 and 200+200 layers, 30 updates
 #    in bf16 (DEEP_PRECISIONS="bf16 fp32" adds fp32, which a CPU can also run), via scripts/deep_width_table.py:
 #    passes when no update's train loss is above update 1's and the last is below it. Each run ends by
-#    writing its checkpoint (13 GB at 200+200), so the runs go to /dev/shm when it has room.
+#    writing its checkpoint (weights and Adam moments), so the runs go to /dev/shm when it has room.
 # 3. scripts/bench_train.py at the iwslt sizes: target tokens/s and MFU against the bf16 peak,
 #    train.compile off and on, with a torch.profiler breakdown (compile off).
 # 4. scripts/deep_memory.py: 200+200 layers at d 512, activation checkpointing off and on,
@@ -47,9 +47,8 @@ if [[ ${dry} == 1 ]]; then  # tiny sizes, CPU, one thread: the same commands in 
     memory=(--layers 2 --d-model 16 --vocab 60 --sentences 2 --length 5 --steps 1 --threads 1)
 else
     device=cuda
-    # 90 + 240 + 140 + 70 = 540 s: the device machine runs one command for at most 10 minutes. Measured on the
-    # first H200 run: the 5 gpu tests ~70 s; bf16 deep 100+100 ~80 s and 200+200 ~140 s, start to deleted
-    # checkpoint; deep_memory 56 s; torch.compile of the 6+6 model did not finish within 70 s.
+    # 90 + 240 + 140 + 70 = 540 s: the device machine runs one command for at most 10 minutes; the steps' measured
+    # times, which these boxes come from, are in README "GPU"
     t_tests=${T_TESTS:-90} t_deep=${T_DEEP:-240} t_bench=${T_BENCH:-140} t_memory=${T_MEMORY:-70}
     deep=(--depths 100 200 --updates 30)
     read -r -a deep_precisions <<< "${DEEP_PRECISIONS:-bf16}"
@@ -97,7 +96,7 @@ run_step gpu_tests "${t_tests}" "${py}" -m pytest -q -m gpu -p no:cacheprovider 
 for precision in "${deep_precisions[@]}"; do
     run_step "deep_${precision}" "${t_deep}" "${py}" scripts/deep_width_table.py --out "${deep_out}/deep_${precision}" \
         --candidates adam_3e-5 --precision "${precision}" --device "${device}" --jobs 1 "${deep[@]}"
-    # the per-update losses, kept beside the logs (the runs' folders may be on /dev/shm)
+    # the per-update losses, kept beside the logs (the run folders may be on /dev/shm, removed at exit)
     cat "${deep_out}/deep_${precision}"/runs/*/train.log > "${out}/logs/deep_${precision}_train.log" 2>/dev/null
 done
 run_step throughput "${t_bench}" "${py}" scripts/bench_train.py --experiment iwslt --device "${device}" \
