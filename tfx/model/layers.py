@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tfx.model.attention import KVCache, MultiheadAttention
+from tfx.model.dropout import Dropout
 from tfx.model.residual import Residual
 
 ResidualFactory = Callable[[], Residual]  # a fresh residual connection for this layer's stack
@@ -24,7 +25,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d_model, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, d_model)
-        self.activation_dropout = nn.Dropout(activation_dropout)
+        self.activation_dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.activation_dropout(F.relu(self.fc1(x))))

@@ -20,6 +20,8 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from tfx.model.dropout import Dropout
+
 Branch = Callable[[Tensor], Tensor]
 Side = Literal["encoder", "decoder"]
 
@@ -31,7 +33,7 @@ class Residual(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, branch: Branch) -> Tensor:
         return x + self.dropout(branch(x))

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tfx.model.attention import KVCache
+from tfx.model.dropout import Dropout
 from tfx.model.layers import DecoderLayer, EncoderLayer
 from tfx.model.residual import final_norm, make_residual
 
@@ -40,7 +41,7 @@ class TokenEmbedding(nn.Module):
         self.embed = embed
         self.scale = math.sqrt(embed.embedding_dim)
         self.register_buffer("positions", sinusoidal_table(max_positions, embed.embedding_dim), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         t = tokens.size(1)
