@@ -55,17 +55,8 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     return _MaskedScale.apply(x, keep_mask(x.shape, p), 1.0 / (1.0 - p))
 
 
-class Dropout(nn.Module):
-    """``nn.Dropout`` with the cheap CPU mask (same ``p`` attribute, same train/eval behaviour)."""
-
-    def __init__(self, p: float = 0.5) -> None:
-        super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-        self.p = p
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` (its ``p`` check, attributes and repr) with the cheap CPU mask."""
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
