@@ -15,7 +15,15 @@ from tfx.checkpoint import load_checkpoint
 from tfx.config import OptimConfig
 from tfx.criterion import label_smoothed_loss
 from tfx.optim import build_optimizer
-from tfx.precision import MIN_LOSS_SCALE, Precision, autocast_dtype, use_bf16
+from tfx.precision import (
+    CPU_BF16_ENV,
+    MIN_LOSS_SCALE,
+    Precision,
+    PrecisionError,
+    autocast_dtype,
+    cpu_has_native_bf16,
+    use_bf16,
+)
 from tfx.train import train
 
 CPU = torch.device("cpu")
@@ -29,9 +37,25 @@ def fp16(scale: float = SCALE) -> Precision:
     return precision
 
 
-def test_precision_auto_keeps_cpus_without_native_bf16_in_fp32() -> None:
+def test_precision_auto_keeps_cpus_without_native_bf16_in_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CPU_BF16_ENV, raising=False)
     assert use_bf16("auto", CPU) == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     assert use_bf16("bf16", CPU) and not use_bf16("fp32", CPU) and not use_bf16("fp16", CPU)
+
+
+@pytest.mark.parametrize(("native", "dtype"), [("1", torch.bfloat16), ("0", None)])
+def test_auto_follows_the_forced_cpu_answer_on_any_cpu(monkeypatch: pytest.MonkeyPatch, native: str, dtype) -> None:
+    """Both resolutions of ``auto`` on this machine, whatever its CPU: bf16-native and not."""
+    monkeypatch.setenv(CPU_BF16_ENV, native)
+    assert cpu_has_native_bf16() is (native == "1")
+    assert autocast_dtype("auto", CPU) is dtype and Precision("auto", CPU).name == ("bf16" if dtype else "fp32")
+    assert autocast_dtype("fp32", CPU) is None and autocast_dtype("bf16", CPU) is torch.bfloat16  # explicit wins
+
+
+def test_a_bad_forced_cpu_answer_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CPU_BF16_ENV, "yes")
+    with pytest.raises(PrecisionError, match=f"{CPU_BF16_ENV}='yes': use 1 .*, 0, or unset it"):
+        use_bf16("auto", CPU)
 
 
 def test_autocast_dtype_and_scaler_per_precision() -> None:

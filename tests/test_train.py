@@ -36,7 +36,8 @@ def tiny_cfg(
     init: str = "tfixup",
     **train_kw: Any,
 ) -> Config:
-    """A 2+2-layer d32 T-Fixup run on the toy task; ``*_kw`` override single fields of each section."""
+    """A 2+2-layer d32 T-Fixup run on the toy task, CPU, fp32 (tests that recompute its numbers need
+    fp32 whatever ``auto`` picks on this CPU); ``*_kw`` override single fields of each section."""
     data = DataConfig(**{
         "source": "toy", "name": "toy", "toy_train_size": 400, "toy_valid_size": 16, "toy_test_size": 16,
         "vocab_size": 64, "cache_dir": str(tmp_path / "cache"), "max_tokens": 300, **(data_kw or {}),
@@ -47,8 +48,8 @@ def tiny_cfg(
         **(model_kw or {}),
     })  # fmt: skip
     train_cfg = TrainConfig(
-        device="cpu", max_updates=12, progress=False, log_every_updates=2, layer_stats_every_updates=4,
-        save_every_epochs=0, validate_every_updates=0, valid_max_sentences=8, threads=1,
+        device="cpu", precision="fp32", max_updates=12, progress=False, log_every_updates=2,
+        layer_stats_every_updates=4, save_every_epochs=0, validate_every_updates=0, valid_max_sentences=8, threads=1,
     )  # fmt: skip
     train_cfg = dataclasses.replace(train_cfg, **train_kw)
     optim = OptimConfig(**{"lr": 2e-3, **(optim_kw or {})})
@@ -240,7 +241,7 @@ def test_two_process_gloo_ddp_matches_single_process(tmp_path: Path) -> None:
 TINY_OVERRIDES = [
     "model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=32", "model.ffn_dim=64",
     "data.toy_train_size=400", "data.toy_valid_size=16", "train.valid_max_sentences=8", "train.progress=false",
-    "train.threads=1", "data.max_tokens=512",
+    "train.threads=1", "data.max_tokens=512", "train.precision=fp32",
 ]  # fmt: skip
 
 

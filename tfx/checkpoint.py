@@ -59,6 +59,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable or inconsistent (message is one line for the user)."""
 
 
+class UnreadableCheckpoint(CheckpointError):
+    """``torch.load`` failed on the file: cut short (an interrupted copy), damaged, or not a checkpoint."""
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -108,7 +112,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
-        raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__}): is it a tfx checkpoint?") from e
+        why = (str(e).strip().splitlines() or [""])[0][:160]
+        raise UnreadableCheckpoint(
+            f"checkpoint {path} is unreadable ({type(e).__name__}: {why}): it is truncated, corrupt or not a checkpoint"
+        ) from e
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
         raise CheckpointError(f"checkpoint {path} has no 'model'/'config' entries: not a tfx checkpoint")
     return ckpt

@@ -202,7 +202,9 @@ class TrainConfig:
     keep_last: int = 10  # numbered checkpoints to keep
     max_bad_steps: int = 10  # consecutive non-finite steps before stopping
     resume: str | None = None  # checkpoint to resume from; default: <run>/checkpoints/checkpoint_last.pt
-    resume_mode: str = "strict"  # strict: refuse a checkpoint whose settings differ | force: resume, log the changes
+    # strict: refuse a checkpoint whose settings differ | force: resume, log the changes | weights: the weights
+    # and update count only, from any checkpoint of the run (a damaged checkpoint_last.pt's way on)
+    resume_mode: str = "strict"
     progress: bool = True  # a tqdm bar on a terminal; a log line every log_every_updates otherwise
     # log probe/output_change (RMS change of the logits of a fixed batch, T-Fixup's Theta(eta) claim) after each
     # of the first N updates, to TensorBoard and metrics.jsonl (tfx.diagnostics.OutputChange); 0 = off
@@ -215,7 +217,7 @@ class TrainConfig:
         _require(self.update_freq >= 1, "train.update_freq must be >= 1")
         _require(self.valid_beam >= 1, "train.valid_beam must be >= 1")
         _require(self.keep_last >= 1, "train.keep_last must be >= 1")
-        _require(self.resume_mode in ("strict", "force"), "train.resume_mode: use strict or force")
+        _require(self.resume_mode in ("strict", "force", "weights"), "train.resume_mode: use strict, force or weights")
         _require(self.probe_updates >= 0, "train.probe_updates must be >= 0 (0 = off)")
         _require(self.probe_sentences >= 1, "train.probe_sentences must be >= 1")
 
@@ -235,7 +237,14 @@ class Config:
         check_fits(self.init.name, self.model.norm)
 
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # what ``tfx.train`` reads (config_path="../conf")
+def _conf_dir() -> Path:
+    """``conf/`` at the top of a checkout (an editable install), or ``tfx/conf`` in an installed wheel."""
+    here = Path(__file__).resolve().parent
+    installed = here / "conf"
+    return installed if installed.is_dir() else here.parent / "conf"
+
+
+CONF_DIR = _conf_dir()  # what ``tfx.train`` reads
 
 
 def compose_config(overrides: list[str]) -> Config:

@@ -11,6 +11,8 @@
   ``growth_interval`` (2000) clean updates it doubles. Same policy as fairseq's
   ``DynamicLossScaler``, which the T-Fixup reference trained its deep models with.
 - ``auto``: bf16 where it is native (CUDA with bf16, CPUs with AVX512-BF16/AMX), else fp32.
+  ``TFX_CPU_NATIVE_BF16=1`` (or ``0``) overrides the CPU's answer: to check on an AVX2 machine what
+  ``auto`` does on a bf16-native one (the test suite runs that way in CI), or to keep such a CPU in fp32.
 
 An overflow is not divergence: it is the scaler finding its range, so the trainer counts it
 apart (``train/overflow_steps``) and not toward ``train.max_bad_steps``. It is divergence when
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +32,21 @@ from typing import Any
 import torch
 
 MIN_LOSS_SCALE = 1e-4  # fairseq's default --min-loss-scale: overflowing below it means the gradients are inf
+CPU_BF16_ENV = "TFX_CPU_NATIVE_BF16"  # 1 / 0: what ``auto`` takes the CPU's bf16 support to be
+
+
+class PrecisionError(ValueError):
+    """A precision setting that cannot be honoured (one line for the user)."""
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether the CPU runs bf16 matmuls natively (AVX512-BF16/AMX), unless ``TFX_CPU_NATIVE_BF16`` says."""
+    forced = os.environ.get(CPU_BF16_ENV)
+    if forced is None or forced == "":
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if forced not in ("0", "1"):
+        raise PrecisionError(f"{CPU_BF16_ENV}={forced!r}: use 1 (treat the CPU as bf16-native), 0, or unset it")
+    return forced == "1"
 
 
 def use_bf16(precision: str, device: torch.device) -> bool:
@@ -41,7 +59,7 @@ def use_bf16(precision: str, device: torch.device) -> bool:
         return precision == "bf16"
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return cpu_has_native_bf16()
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:

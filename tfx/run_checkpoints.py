@@ -24,7 +24,15 @@ from typing import Any
 import torch
 from hydra.experimental.callback import Callback
 
-from tfx.checkpoint import RESUME_KEYS, CheckpointError, atomic_copy, atomic_save, load_checkpoint, weights_only_payload
+from tfx.checkpoint import (
+    RESUME_KEYS,
+    CheckpointError,
+    UnreadableCheckpoint,
+    atomic_copy,
+    atomic_save,
+    load_checkpoint,
+    weights_only_payload,
+)
 
 log = logging.getLogger("tfx.train")
 
@@ -223,34 +231,44 @@ class CheckpointManager:
         load_states: Callable[[dict[str, Any], dict[str, Any]], None],
         device: torch.device,
         mmap: bool = False,
+        weights_only: bool = False,
     ) -> tuple[Path, dict[str, Any]] | None:
         """Load weights, optimizer moments and this rank's RNG streams from the checkpoint to resume
         from, if any; returns its path and the checkpoint (``train_state``, ``scaler``).
 
         ``load_states(model_state, optimizer_state)`` puts the weights in place (``tfx.sharding``);
         ``mmap``: tensors are read from the file as they are used (FSDP ranks other than 0 read none).
+        ``weights_only`` (``train.resume_mode=weights``): the weights and the update count only, from
+        any checkpoint of the run; see ``weights_train_state``.
         """
         path = self.resume_path(explicit)
         if path is None:
             return None
-        ckpt = self.load_for_resume(path, ours, force, mmap)
         try:
-            load_states(ckpt["model"], ckpt["optimizer"])
+            ckpt = self.load_for_resume(path, ours, force, mmap, weights_only)
+        except UnreadableCheckpoint as err:
+            raise CheckpointError(f"{err}; {self.fallback_advice(path)}") from err
+        try:
+            load_states(ckpt["model"], None if weights_only else ckpt["optimizer"])
         except (RuntimeError, ValueError, KeyError) as err:
             first = str(err).strip().splitlines()[0]
             raise CheckpointError(f"cannot resume from {path}: its weights do not fit this model ({first})") from err
+        if weights_only:
+            return path, {**ckpt, "train_state": weights_train_state(ckpt)}
         rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]  # one entry per rank
         if self.rank < len(rngs):
             set_rng_state(rngs[self.rank], device)
         return path, ckpt
 
-    def load_for_resume(self, path: Path, ours: dict[str, Any], force: bool, mmap: bool = False) -> dict[str, Any]:
+    def load_for_resume(
+        self, path: Path, ours: dict[str, Any], force: bool, mmap: bool = False, weights_only: bool = False
+    ) -> dict[str, Any]:
         """The checkpoint on the CPU (RNG states must stay CPU tensors), checked against ``ours``."""
         ckpt = load_checkpoint(path, map_location="cpu", mmap=mmap)
-        if any(k not in ckpt for k in RESUME_KEYS):
+        if not weights_only and any(k not in ckpt for k in RESUME_KEYS):
             raise CheckpointError(
                 f"cannot resume from {path}: it holds weights only (best, numbered and averaged checkpoints do); "
-                "resume from the run's checkpoint_last.pt"
+                "resume from the run's checkpoint_last.pt, or from these weights with train.resume_mode=weights"
             )
         changed = differences(checkpoint_trajectory(ckpt), ours)
         if changed and not force:
@@ -260,8 +278,40 @@ class CheckpointManager:
             )
         if changed:
             log.warning("train.resume_mode=force: resuming %s with changed settings: %s", path, "; ".join(changed))
-        self.last_saved_step = ckpt["step"] if path == self.dir / LAST else None
+        self.last_saved_step = ckpt["step"] if path == self.dir / LAST and not weights_only else None
+        if weights_only:
+            log.warning(
+                "train.resume_mode=weights: resuming from the weights of %s at update %d; the optimizer's moments, "
+                "the RNG streams and the training-minute clock start afresh, and epoch %d from its first batch",
+                path, ckpt["step"], ckpt["epoch"],
+            )  # fmt: skip
         return ckpt
+
+    def fallback_advice(self, damaged: Path) -> str:
+        """What to do when ``damaged`` cannot be read: the newest readable checkpoint of its folder, if any.
+
+        Nothing is written here: the damaged file stays as it is until the user decides.
+        """
+        newest: tuple[int, Path, dict[str, Any]] | None = None
+        for candidate in [damaged.parent / LAST, damaged.parent / BEST, *damaged.parent.glob("checkpoint_*_*.pt")]:
+            if candidate == damaged or not candidate.is_file():
+                continue
+            try:
+                ckpt = load_checkpoint(candidate, mmap=True)
+            except CheckpointError:
+                continue
+            if newest is None or ckpt["step"] > newest[0]:
+                newest = (ckpt["step"], candidate, ckpt)
+        if newest is None:
+            return f"no other checkpoint in {damaged.parent} can be read: start a new run folder (hydra.run.dir=...)"
+        step, path, ckpt = newest
+        full = all(k in ckpt for k in RESUME_KEYS)
+        means = "a full checkpoint" if full else "weights only: the optimizer's moments and RNG streams restart"
+        setting = f"train.resume={path.resolve()}" + ("" if full else " train.resume_mode=weights")
+        return (
+            f"the newest readable checkpoint is {path} (update {step}, epoch {ckpt['epoch']}; {means}): "
+            f"to go on from it, run again with {setting}; {damaged.name} is left as it is"
+        )
 
     # ------------------------------------------------------------------------------ saving
     def save(self, payload: dict[str, Any], write_last: bool, best: bool, numbered_epoch: int | None) -> None:
@@ -303,6 +353,13 @@ class CheckpointManager:
         numbered = sorted(self.dir.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
         for old in numbered[: -self.keep_last]:
             old.unlink(missing_ok=True)
+
+
+def weights_train_state(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """A ``TrainState`` for a resume from weights alone: the update count (so the lr schedule and
+    ``max_updates`` go on), the epoch (begun again from its first batch; a numbered checkpoint is
+    written after its epoch ended, so the next one begins) and the best BLEU so far."""
+    return {"step": ckpt["step"], "epoch": ckpt["epoch"], "best_bleu": ckpt.get("metrics", {}).get("best_bleu", -1.0)}
 
 
 def our_trajectory(cfg: Any, tokenizer: Any, world_size: int, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -140,18 +140,23 @@ def state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dic
 
 
 def load_state_dicts(
-    model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, Any], optim_state: dict[str, Any]
+    model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, Any], optim_state: dict[str, Any] | None
 ) -> None:
-    """Load full (single-process format) state dicts; under FSDP rank 0's are broadcast and sharded."""
+    """Load full (single-process format) state dicts; under FSDP rank 0's are broadcast and sharded.
+
+    ``optim_state`` None: the weights only (``train.resume_mode=weights``); the optimizer keeps no state.
+    """
     if not is_sharded(model):
         model.load_state_dict(model_state)
-        optimizer.load_state_dict(optim_state)
+        if optim_state is not None:
+            optimizer.load_state_dict(optim_state)
         return
     options = StateDictOptions(**_FULL, broadcast_from_rank0=True)
     main = dist.get_rank() == 0  # the others' dicts are not read: they receive rank 0's tensors
     # Two calls: set_state_dict would skip the model on ranks whose (unused) model dict is empty.
     set_model_state_dict(model, model_state if main else {}, options=options)
-    if optim_state["state"]:  # every rank reads the file, so all agree (empty: see _no_state_yet)
+    # Every rank reads the file, so all agree (None: weights only; empty: see _no_state_yet).
+    if optim_state is not None and optim_state["state"]:
         named = _named(model, optimizer, optim_state) if main else {}
         set_optimizer_state_dict(model, optimizer, named, options=options)
 

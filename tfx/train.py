@@ -28,7 +28,7 @@ from torch import nn
 
 from tfx import distributed, sharding
 from tfx.checkpoint import CheckpointError, git_sha
-from tfx.config import Config, TrainConfig, register_configs
+from tfx.config import CONF_DIR, Config, TrainConfig, register_configs
 from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, Batch, DataError, collate, make_batches, prepare_data
 from tfx.diagnostics import ActivationRMS, OutputChange, layer_stats
@@ -38,7 +38,7 @@ from tfx.logger import Progress, RunLogger
 from tfx.metrics_log import MetricsLog
 from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer, lr_at, set_lr
-from tfx.precision import Precision, StepOutcome
+from tfx.precision import Precision, PrecisionError, StepOutcome
 from tfx.run_checkpoints import CheckpointManager, our_trajectory, rng_state
 from tfx.sharding import ShardingError
 from tfx.validate import validate
@@ -200,7 +200,8 @@ class Trainer:
         force = self.cfg.train.resume_mode == "force"
         load = functools.partial(sharding.load_state_dicts, self.model, self.optimizer)
         sharded = sharding.is_sharded(self.model)  # every rank reads the file, mmap-ed: only rank 0's is used
-        resumed = self.ckpts.resume(self.cfg.train.resume, ours, force, load, self.device, mmap=sharded)
+        weights_only = self.cfg.train.resume_mode == "weights"  # e.g. after a damaged checkpoint_last.pt
+        resumed = self.ckpts.resume(self.cfg.train.resume, ours, force, load, self.device, sharded, weights_only)
         if resumed is None:
             return None
         path, ckpt = resumed
@@ -540,7 +541,7 @@ def _main(cfg_node: Any) -> float:
         if sweeping:  # a finding, not a failure: SystemExit in a launcher's worker would abort every other point
             return math.nan  # the run's metrics.jsonl ends with status "diverged"
         sys.exit(1)
-    except (DataError, CheckpointError, DeviceError, ShardingError) as e:
+    except (DataError, CheckpointError, DeviceError, ShardingError, PrecisionError) as e:
         log.error("%s", e)
         sys.exit(1)
     return summary["best_bleu"]
@@ -549,7 +550,7 @@ def _main(cfg_node: Any) -> float:
 def main() -> None:
     import hydra
 
-    hydra.main(version_base="1.3", config_path="../conf", config_name="config")(_main)()
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_main)()
 
 
 if __name__ == "__main__":

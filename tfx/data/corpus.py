@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tfx.checkpoint import atomic_open
 from tfx.config import DataConfig
+from tfx.data.cache import load_or_build
 from tfx.data.errors import DataError
 from tfx.data.sources import check_split, load_split
 from tfx.data.vocab import EOS, Tokenizer, ensure_cache_dir, text_digest, train_tokenizer
@@ -129,16 +129,28 @@ def encode_cached(tokenizer: Tokenizer, texts: list[str], cfg: DataConfig) -> li
     """
     key = text_digest(texts, settings={"tokenizer": tokenizer.fingerprint})
     path = ensure_cache_dir(cfg.cache_dir) / f"enc-{cfg.name}-{key}.npz"
-    if path.exists():
-        with np.load(path) as cached:
-            tokens, offsets = cached["tokens"], cached["offsets"]
-    else:
-        tokens, offsets = flatten_with_eos(tokenizer.encode_batch(texts, cfg.num_workers))
-        buffer = io.BytesIO()
-        np.savez(buffer, tokens=tokens, offsets=offsets)
-        with atomic_open(path) as f:
-            f.write(buffer.getvalue())
+    tokens, offsets = load_or_build(
+        path,
+        lambda: flatten_with_eos(tokenizer.encode_batch(texts, cfg.num_workers)),
+        _npz_bytes,
+        lambda blob: _flat_ids(blob, len(texts)),
+    )
     return np.split(tokens, offsets[1:-1]) if len(texts) else []
+
+
+def _npz_bytes(flat: tuple[np.ndarray, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, tokens=flat[0], offsets=flat[1])
+    return buffer.getvalue()
+
+
+def _flat_ids(blob: bytes, n_texts: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, offsets) from ``_npz_bytes``; a ValueError unless they describe ``n_texts`` sentences."""
+    with np.load(io.BytesIO(blob)) as cached:
+        tokens, offsets = cached["tokens"], cached["offsets"]
+    if len(offsets) != n_texts + 1 or offsets[0] != 0 or offsets[-1] != len(tokens):
+        raise ValueError(f"{len(offsets) - 1} sentences / {len(tokens)} tokens, not {n_texts} sentences")
+    return tokens, offsets
 
 
 def flatten_with_eos(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from tfx.checkpoint import atomic_open
+from tfx.data.cache import load_or_build
 from tfx.data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -158,14 +158,24 @@ def train_tokenizer(
     langs = sorted(texts_by_lang)
     key = text_digest(*(texts_by_lang[lang] for lang in langs), settings=settings)
     path = ensure_cache_dir(cache_dir) / f"spm-{name}-{'-'.join(langs)}-{key}.model"
-    if path.exists():
-        log.info("sentencepiece model from cache: %s", path)
-        return Tokenizer.from_file(path)
+
+    def build() -> Tokenizer:
+        sentences = (s for lang in langs for s in texts_by_lang[lang])
+        tokenizer = Tokenizer(_train_spm(sentences, vocab_size, model_type, character_coverage, threads, name))
+        log.info("trained sentencepiece %s model, %d pieces: %s", model_type, tokenizer.vocab_size, path)
+        return tokenizer
+
+    return load_or_build(path, build, lambda tokenizer: tokenizer.model_bytes, Tokenizer)
+
+
+def _train_spm(
+    sentences: Iterable[str], vocab_size: int, model_type: str, character_coverage: float, threads: int, name: str
+) -> bytes:
+    """The serialized model sentencepiece trains on ``sentences`` with tfx's special ids."""
     writer = io.BytesIO()
-    sentences = (s for lang in langs for s in texts_by_lang[lang])
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=sentences,
+            sentence_iterator=iter(sentences),
             model_writer=writer,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -180,8 +190,4 @@ def train_tokenizer(
             f"sentencepiece training on {name} failed ({str(err).strip()}): "
             "check data.vocab_size and the training texts"
         ) from err
-    with atomic_open(path) as f:
-        f.write(writer.getvalue())
-    tokenizer = Tokenizer(writer.getvalue())
-    log.info("trained sentencepiece %s model, %d pieces: %s", model_type, tokenizer.vocab_size, path)
-    return tokenizer
+    return writer.getvalue()
