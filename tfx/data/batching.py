@@ -15,6 +15,7 @@ from torch import Tensor
 from tfx.data.corpus import EncodedSplit
 from tfx.data.errors import DataError
 from tfx.data.vocab import BOS, PAD
+from tfx.model.packing import Packing
 
 
 @dataclass
@@ -27,10 +28,11 @@ class Batch:
     target: Tensor  # (B, T) int64, ends with EOS, right-padded with PAD
     ntokens: int  # non-pad target tokens (the loss normalizer)
     indices: list[int]  # positions in the split, to write translations back in input order
+    packing: Packing | None = None  # several sentences per row (``tfx.data.packing``); None: one per row
 
     def _map(self, fn) -> Batch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return Batch(**{k: fn(v) if isinstance(v, Tensor) else v for k, v in values.items()})
+        return Batch(**{k: fn(v) if isinstance(v, Tensor | Packing) else v for k, v in values.items()})
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """A copy with every tensor on ``device``."""

@@ -94,6 +94,11 @@ class KVCache:
         self.k, self.v = new_k, new_v
 
 
+def key_mask(key_padding_mask: Tensor) -> Tensor:
+    """(B, 1, 1, S), True = may attend, from a (B, S) mask that is True at padding."""
+    return ~key_padding_mask[:, None, None, :]
+
+
 class MultiheadAttention(nn.Module):
     def __init__(self, d_model: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -136,8 +141,13 @@ class MultiheadAttention(nn.Module):
         causal: bool = False,
         cache: KVCache | None = None,
         static_kv: bool = False,
+        attn_mask: Tensor | None = None,
     ) -> Tensor:
         """query (N, T, D), key_value (B, S, D); key_padding_mask (B, S) True at padding.
+
+        ``attn_mask`` (bool, True = may attend, broadcastable to (B, H, T, S)) replaces both
+        ``key_padding_mask`` and ``causal``: a stack builds it once for all its layers (packed rows,
+        ``tfx.model.packing``; padded batches, ``key_mask``).
 
         ``N`` may be a multiple ``g * B`` of the key rows: query rows ``i*g .. i*g+g-1`` then share key
         row ``i`` (the beams of one sentence share its source). They attend as one row with ``g * T``
@@ -152,11 +162,11 @@ class MultiheadAttention(nn.Module):
             raise ValueError(f"{n} query rows cannot share {b} key rows" + (" under a causal mask" if causal else ""))
         if groups > 1:
             q = q.view(b, groups, self.heads, t, self.head_dim).transpose(1, 2).reshape(b, self.heads, groups * t, -1)
-        mask = None
-        if key_padding_mask is not None:
-            mask = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S), True = may attend
+        mask = attn_mask
+        if mask is None and key_padding_mask is not None:
+            mask = key_mask(key_padding_mask)
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=causal
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=causal and mask is None
         )  # (B, H, g*T, Dh)
         if groups > 1:
             out = out.view(b, self.heads, groups, t, self.head_dim).transpose(1, 2)  # (B, g, H, T, Dh)

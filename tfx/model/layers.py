@@ -47,8 +47,11 @@ class EncoderLayer(nn.Module):
         self.self_attn_block = residual()
         self.ffn_block = residual()
 
-    def forward(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
-        x = self.self_attn_block(x, lambda h: self.self_attn(h, h, key_padding_mask=padding_mask))
+    def forward(self, x: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None = None) -> Tensor:
+        """``attn_mask`` (True = may attend; packed rows) replaces ``padding_mask`` (True at padding)."""
+        x = self.self_attn_block(
+            x, lambda h: self.self_attn(h, h, key_padding_mask=padding_mask, attn_mask=attn_mask)
+        )
         return self.ffn_block(x, self.ffn)
 
 
@@ -76,19 +79,27 @@ class DecoderLayer(nn.Module):
         encoder_out: Tensor,
         encoder_padding_mask: Tensor | None,
         cache: dict[str, KVCache] | None = None,
+        self_mask: Tensor | None = None,
+        cross_mask: Tensor | None = None,
     ) -> Tensor:
         """Full (teacher-forced) pass when ``cache`` is None, else one incremental step.
 
         Decoder inputs are right-padded, so the causal mask alone keeps every real query
         away from padding; an incremental step attends to all cached keys (no mask needed).
+        Packed rows pass their segment masks instead (``self_mask`` causal within each sentence,
+        ``cross_mask`` to its own source; ``tfx.model.packing``).
         """
         self_cache = cache["self"] if cache is not None else None
         cross_cache = cache["cross"] if cache is not None else None
-        x = self.self_attn_block(x, lambda h: self.self_attn(h, h, causal=cache is None, cache=self_cache))
+        causal = cache is None
+        x = self.self_attn_block(
+            x, lambda h: self.self_attn(h, h, causal=causal, cache=self_cache, attn_mask=self_mask)
+        )
         x = self.encoder_attn_block(
             x,
             lambda h: self.encoder_attn(
-                h, encoder_out, key_padding_mask=encoder_padding_mask, cache=cross_cache, static_kv=True
+                h, encoder_out, key_padding_mask=encoder_padding_mask, cache=cross_cache, static_kv=True,
+                attn_mask=cross_mask,
             ),
-        )
+        )  # fmt: skip
         return self.ffn_block(x, self.ffn)

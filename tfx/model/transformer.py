@@ -16,9 +16,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from tfx.model.attention import KVCache
+from tfx.model.attention import KVCache, key_mask
 from tfx.model.dropout import Dropout
 from tfx.model.layers import DecoderLayer, EncoderLayer
+from tfx.model.packing import Packing, segment_mask
 from tfx.model.residual import final_norm, make_residual
 
 
@@ -43,8 +44,11 @@ class TokenEmbedding(nn.Module):
         self.register_buffer("positions", sinusoidal_table(max_positions, embed.embedding_dim), persistent=False)
         self.dropout = Dropout(dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, tokens: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """``positions`` (B, T): each token's own position (packed rows restart them per sentence)."""
         t = tokens.size(1)
+        if positions is not None:
+            return self.dropout(self.scale * self.embed(tokens) + self.positions[positions])
         if offset + t > self.positions.size(0):
             raise ValueError(f"sequence of {offset + t} tokens exceeds model.max_positions={self.positions.size(0)}")
         x = self.scale * self.embed(tokens) + self.positions[offset : offset + t]
@@ -96,13 +100,16 @@ class Encoder(nn.Module):
         self.pad_id = pad_id
         self.checkpoint_activations = False
 
-    def forward(self, src_tokens: Tensor) -> EncoderOut:
+    def forward(self, src_tokens: Tensor, packing: Packing | None = None) -> EncoderOut:
         padding_mask = src_tokens.eq(self.pad_id)  # (B, S)
-        x = self.embedding(src_tokens)
+        positions = None if packing is None else packing.src_positions
+        x = self.embedding(src_tokens, positions=positions)
         # Zero padded positions so they carry nothing (fairseq does the same).
         x = x.masked_fill(padding_mask[..., None], 0.0)
+        # One mask for every layer: (B, 1, S, S) within each packed sentence, else (B, 1, 1, S).
+        mask = key_mask(padding_mask) if packing is None else segment_mask(packing.src_segments, packing.src_segments)
         for layer in self.layers:
-            x = _run_layer(layer, self.checkpoint_activations, x, padding_mask)
+            x = _run_layer(layer, self.checkpoint_activations, x, None, mask)
         return EncoderOut(self.final_norm(x), padding_mask)
 
 
@@ -125,16 +132,30 @@ class Decoder(nn.Module):
     def output_weight(self) -> Tensor:
         return self.embedding.embed.weight if self.output_projection is None else self.output_projection.weight
 
-    def forward(self, prev_tokens: Tensor, encoder_out: EncoderOut, state: DecoderState | None = None) -> Tensor:
+    def forward(
+        self,
+        prev_tokens: Tensor,
+        encoder_out: EncoderOut,
+        state: DecoderState | None = None,
+        packing: Packing | None = None,
+    ) -> Tensor:
         """Logits (B, T, V). With ``state``, ``prev_tokens`` holds only the newest step(s)."""
         offset = state.step if state is not None else 0
-        x = self.embedding(prev_tokens, offset)
+        x = self.embedding(prev_tokens, offset, None if packing is None else packing.tgt_positions)
+        self_mask = cross_mask = None  # padded batches: causal, and the source's padding
+        if packing is not None:
+            self_mask = segment_mask(packing.tgt_segments, packing.tgt_segments, causal=True)
+            cross_mask = segment_mask(packing.tgt_segments, packing.src_segments)
+        elif encoder_out.padding_mask is not None:
+            cross_mask = key_mask(encoder_out.padding_mask)  # once for every layer
         for i, layer in enumerate(self.layers):
             cache = state.layers[i] if state is not None else None
             if cache is None:
-                x = _run_layer(layer, self.checkpoint_activations, x, encoder_out.hidden, encoder_out.padding_mask)
+                x = _run_layer(
+                    layer, self.checkpoint_activations, x, encoder_out.hidden, None, None, self_mask, cross_mask
+                )
             else:
-                x = layer(x, encoder_out.hidden, encoder_out.padding_mask, cache)
+                x = layer(x, encoder_out.hidden, None, cache, None, cross_mask)
         if state is not None:
             state.step += prev_tokens.size(1)
         x = self.final_norm(x)
@@ -207,8 +228,8 @@ class Transformer(nn.Module):
         self.encoder.checkpoint_activations = enabled
         self.decoder.checkpoint_activations = enabled
 
-    def encode(self, src_tokens: Tensor) -> EncoderOut:
-        return self.encoder(src_tokens)
+    def encode(self, src_tokens: Tensor, packing: Packing | None = None) -> EncoderOut:
+        return self.encoder(src_tokens, packing)
 
     def decode_step(self, prev_tokens: Tensor, encoder_out: EncoderOut, state: DecoderState) -> Tensor:
         """Logits (B, V) for the next token, extending ``state``'s key/value caches."""
@@ -218,6 +239,6 @@ class Transformer(nn.Module):
         """Empty caches; ``capacity`` = the most steps expected (preallocated, grown past it)."""
         return DecoderState.empty(len(self.decoder.layers), capacity)
 
-    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
-        """Teacher-forced logits (B, T, V)."""
-        return self.decoder(prev_output_tokens, self.encode(src_tokens))
+    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, packing: Packing | None = None) -> Tensor:
+        """Teacher-forced logits (B, T, V); ``packing``: rows of several sentences (``tfx.model.packing``)."""
+        return self.decoder(prev_output_tokens, self.encode(src_tokens, packing), packing=packing)
