@@ -13,6 +13,7 @@ import torch
 import tfx.evaluate
 from tests.checkpoint_helpers import tiny_config, write_checkpoint
 from tfx import average
+from tfx.atomic import atomic_save
 from tfx.average import (
     average_checkpoints,
     best_window,
@@ -22,7 +23,7 @@ from tfx.average import (
     parse_args,
     windows,
 )
-from tfx.checkpoint import CheckpointError, atomic_save, load_checkpoint
+from tfx.checkpoint import CheckpointError, load_checkpoint
 
 KEY = "encoder.embedding.embed.weight"
 

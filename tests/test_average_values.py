@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.checkpoint_helpers import write_checkpoint
+from tfx.atomic import atomic_save
 from tfx.average import average_checkpoints, last_checkpoints
-from tfx.checkpoint import CheckpointError, atomic_save, load_checkpoint
+from tfx.checkpoint import CheckpointError, load_checkpoint
 
 
 def write_constant(path: Path, template: Path, value: float, step: int) -> Path:

@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
+from tfx.atomic import atomic_save
 from tfx.bleu import add_scoring_args
-from tfx.checkpoint import CheckpointError, atomic_save, load_checkpoint
+from tfx.checkpoint import CheckpointError, load_checkpoint
 from tfx.translate import add_decoding_args, check_decoding_args, run_reporting_errors
 
 NUMBERED = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # checkpoint_<epoch>_<step>.pt, written by tfx.train

@@ -22,9 +22,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tfx.atomic import atomic_save
 from tfx.average import average_checkpoints, checkpoint_dir, last_checkpoints
 from tfx.bleu import add_scoring_args, score_all
-from tfx.checkpoint import CheckpointError, atomic_save, build_from_checkpoint, git_sha
+from tfx.checkpoint import CheckpointError, build_from_checkpoint, git_sha
 from tfx.config import DataConfig
 from tfx.data import DataError, prepare_data, read_parallel_text
 from tfx.data.sources import find_text_file

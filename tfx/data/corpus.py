@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tfx.checkpoint import atomic_open
+from tfx.atomic import atomic_open
 from tfx.config import DataConfig
 from tfx.data.errors import DataError
 from tfx.data.sources import check_split, load_split

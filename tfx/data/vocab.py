@@ -18,7 +18,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from tfx.checkpoint import atomic_open
+from tfx.atomic import atomic_open
 from tfx.data.errors import DataError
 
 log = logging.getLogger(__name__)
