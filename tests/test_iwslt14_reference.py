@@ -16,8 +16,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from tfx import average, evaluate
-from tfx.average import numbered_checkpoints
 from tfx.checkpoint import load_checkpoint
+from tfx.checkpoint_folder import numbered_checkpoints
 from tfx.config import Config, register_configs
 from tfx.train import train
 
