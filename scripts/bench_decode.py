@@ -11,7 +11,7 @@ Outputs on the subset must be identical. On a shared machine pass ``--threads 1`
 
 ``--peer`` decodes the same sentences with the same Post-LN model (converted by ``tfx.fairseq_format``) in
 fairseq 0.12.2's ``fairseq-generate`` and prints both sides' generated tokens/s, the ratio, the share of
-identical best hypotheses and the teacher-forced log-prob difference; README "Decoding against
+identical best hypotheses and the teacher-forced log-prob difference; docs/benchmarks.md "Decoding against
 fairseq-generate" says what is matched and why.
 
 Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
