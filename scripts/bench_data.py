@@ -4,6 +4,8 @@
 
 Cold uses a fresh temporary cache (sentencepiece training + encoding of every split); warm
 repeats it on the now-filled cache; epoch is ``make_batches`` + ``collate`` over train.
+
+Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
 """
 
 from __future__ import annotations
@@ -14,10 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tfx.config import DataConfig  # noqa: E402
-from tfx.data import DataError, collate, make_batches, prepare_data  # noqa: E402
+from tfx.config import DataConfig
+from tfx.data import DataError, collate, make_batches, prepare_data
 
 TARGETS = {"cold": 20.0, "warm": 3.0, "epoch": 2.0}  # seconds, on 2 cores, for Multi30k
 

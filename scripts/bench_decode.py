@@ -11,8 +11,10 @@ Outputs on the subset must be identical. On a shared machine pass ``--threads 1`
 
 ``--peer`` decodes the same sentences with the same Post-LN model (converted by ``tfx.fairseq_format``) in
 fairseq 0.12.2's ``fairseq-generate`` and prints both sides' generated tokens/s, the ratio, the share of
-identical best hypotheses and the teacher-forced log-prob difference; README "Decoding against
+identical best hypotheses and the teacher-forced log-prob difference; docs/benchmarks.md "Decoding against
 fairseq-generate" says what is matched and why.
+
+Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
 """
 
 from __future__ import annotations
@@ -30,16 +32,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tfx import decode  # noqa: E402
-from tfx.bleu import corpus_bleu  # noqa: E402
-from tfx.config import compose_config  # noqa: E402
-from tfx.data import BOS, EOS, PAD, prepare_data, read_parallel_text  # noqa: E402
-from tfx.decode import beam_search, length_batches, pad_batch  # noqa: E402
-from tfx.diagnostics import random_tokens  # noqa: E402
-from tfx.distributed import resolve_device  # noqa: E402
-from tfx.fairseq_format import (  # noqa: E402
+from tfx import decode
+from tfx.bleu import corpus_bleu
+from tfx.config import compose_config
+from tfx.data import BOS, EOS, PAD, prepare_data, read_parallel_text
+from tfx.decode import beam_search, length_batches, pad_batch
+from tfx.diagnostics import random_tokens
+from tfx.distributed import resolve_device
+from tfx.fairseq_format import (
     FAIRSEQ_EOS,
     FAIRSEQ_PAD,
     dictionary_lines,
@@ -51,9 +51,9 @@ from tfx.fairseq_format import (  # noqa: E402
     strip_unk,
     tfx_to_fairseq,
 )
-from tfx.init import apply_init  # noqa: E402
-from tfx.model import Transformer, build_model  # noqa: E402
-from tfx.translate import load_model, read_text_lines  # noqa: E402
+from tfx.init import apply_init
+from tfx.model import Transformer, build_model
+from tfx.translate import load_model, read_text_lines
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 FAIRSEQ_VENV = Path(os.environ.get("FAIRSEQ_PEER_DIR", "/tmp/fairseq_peer")) / "venv"  # fairseq_peer.sh's

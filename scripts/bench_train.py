@@ -36,6 +36,8 @@ Usage::
     python scripts/bench_train.py --experiment iwslt --profile --device cpu --steps 3 model.encoder_layers=2
     python scripts/bench_train.py --experiment iwslt --device cpu --threads 1 --peer --warmup 2 --steps 10 \
         data=multi30k data.local_dir=../shared/data/multi30k train.precision=fp32   # tfx vs fairseq
+
+Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
 """
 
 from __future__ import annotations
@@ -53,15 +55,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without `pip install -e .`
-from tfx.config import Config, compose_config  # noqa: E402
-from tfx.criterion import label_smoothed_loss  # noqa: E402
-from tfx.data import BOS, PAD, collate, make_batches, prepare_data  # noqa: E402
-from tfx.distributed import DeviceError, resolve_device  # noqa: E402
-from tfx.init import apply_init  # noqa: E402
-from tfx.model import Transformer, build_model  # noqa: E402
-from tfx.optim import build_optimizer, lr_at, set_lr  # noqa: E402
-from tfx.precision import Precision  # noqa: E402
+from tfx.config import Config, compose_config
+from tfx.criterion import label_smoothed_loss
+from tfx.data import BOS, PAD, collate, make_batches, prepare_data
+from tfx.distributed import DeviceError, resolve_device
+from tfx.init import apply_init
+from tfx.model import Transformer, build_model
+from tfx.optim import build_optimizer, lr_at, set_lr
+from tfx.precision import Precision
 
 PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "fairseq_peer.sh"
 PEER_LOG_INTERVAL = 10  # fairseq_peer.sh's --log-interval

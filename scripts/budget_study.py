@@ -1,7 +1,7 @@
 """Methods on real data at a fixed CPU budget: Multi30k De->En, every method the same minutes of training.
 
 One Hydra multirun of ``tfx.train +experiment=multi30k`` (3+3 layers, d 256, 2048-token batches, tied decoder
-embeddings) over the arms of ``scripts/depth_study.py`` (``method`` + what the arm adds), ``--jobs`` runs at once,
+embeddings) over the arms of ``tfx.studies.arms`` (``method`` + what the arm adds), ``--jobs`` runs at once,
 one torch thread each, fp32, ``--minutes`` of training per run (``train.max_minutes``; validation time is not
 counted), greedy validation BLEU every ``--minutes / 3``. The default arms are the six methods plus
 ``postln_tfixup_lr``: Post-LN with its warmup, then T-Fixup's decay lr * sqrt(4000 / (4000 + t)) instead of
@@ -16,6 +16,7 @@ Outputs: ``budget_study.md`` (the table), ``budget_study.png`` (valid BLEU over 
 updates), ``study.json`` (arms, overrides, wall time) and ``runs/`` (one TensorBoard folder). ``--replot``
 rewrites the table and figure from the run folders. Runs stopped by a signal resume when the command is run
 again; decodes already scored (``runs/<arm>/test/<set>.bleu.json``) are not redone.
+The arms and the study harness are ``tfx.studies``: tfx must be installed (``pip install -e ".[study]"``).
 """
 
 from __future__ import annotations
@@ -32,12 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a plain file from a checkout
-sys.path.insert(0, str(REPO / "scripts"))
-from depth_study import ARMS, multirun, open_study, running_mean, train_or_replot  # noqa: E402
-
-from tfx.metrics_log import FILENAME, read_metrics  # noqa: E402
+from tfx.metrics_log import FILENAME, read_metrics
+from tfx.studies.arms import ARMS
+from tfx.studies.harness import CHECKOUT, multirun, open_study, running_mean, train_or_replot
 
 DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "admin", "xavier_noln"]
 TEST_LABELS = {"test": "test2016", "test_2017_flickr": "test2017 flickr", "test_2018_flickr": "test2018 flickr"}
@@ -78,11 +76,11 @@ def decode_jobs(out: Path, arms: list[str], data_dir: Path) -> list[list[str]]:
 
 def decode_all(cmds: list[list[str]], jobs: int) -> int:
     """Run the decodes ``jobs`` at a time, one thread each; the number that failed."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def one(cmd: list[str]) -> int:
         Path(cmd[-1]).parent.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        done = subprocess.run(cmd, cwd=CHECKOUT, env=env, capture_output=True, text=True)
         bleu = [line for line in done.stdout.splitlines() if line.startswith("BLEU")] or ["no score"]
         print(f"{Path(cmd[-1]).relative_to(Path(cmd[-1]).parents[2])}: {bleu[0]}")
         if done.returncode:
@@ -179,7 +177,7 @@ def report(out: Path) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("outputs/budget_study"))
-    p.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data" / "multi30k")
+    p.add_argument("--data-dir", type=Path, default=CHECKOUT.parent / "shared" / "data" / "multi30k")
     p.add_argument("--methods", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS), help="arms, in launch order")
     p.add_argument("--minutes", type=float, default=30.0, help="training minutes per run")
     p.add_argument("--jobs", type=int, default=2, help="runs (and decodes) at once")

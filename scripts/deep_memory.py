@@ -29,6 +29,8 @@ instead, which counts tensors only, and the allocated bytes after build.
 (fresh subprocess each; d_model 512 is ~1B parameters = 4 GB fp32).
 
 Usage: ``python scripts/deep_memory.py [--layers 50 100 200] [--d-model 128] [--build --build-d-model 128 512]``
+
+Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
 """
 
 from __future__ import annotations
@@ -47,12 +49,11 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 # Run as a plain file from a checkout without `pip install -e .`: make the repo root importable.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tfx.criterion import label_smoothed_loss  # noqa: E402
-from tfx.diagnostics import random_tokens  # noqa: E402
-from tfx.distributed import DeviceError, resolve_device  # noqa: E402
-from tfx.init import apply_init  # noqa: E402
-from tfx.model import Transformer  # noqa: E402
+from tfx.criterion import label_smoothed_loss
+from tfx.diagnostics import random_tokens
+from tfx.distributed import DeviceError, resolve_device
+from tfx.init import apply_init
+from tfx.model import Transformer
 
 PAD = 1  # any id: the random batch has no padding
 MB = 2**20

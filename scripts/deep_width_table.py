@@ -20,6 +20,8 @@ second batch, dropout off; the weights go back between lrs. One backward and one
 N = 200 a few minutes instead of hours, and it matched the trained update-2 loss within 0.4 bits.
 
     python scripts/deep_width_table.py --out outputs/deep_width --depths 200 --first-step 5e-5 3e-5
+
+Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a plain file from a checkout
 
 # name -> the overrides on top of the deep recipe (conf/experiment/deep.yaml as it was before issue 13:
 # Adam(0.9, 0.98), lr 5e-4, no warmup, no clipping).

@@ -28,6 +28,7 @@ when the command is run again; once the launch ends, runs that ended lose their 
 (``--keep-checkpoints`` keeps them), so running them again trains them again.
 A later invocation into the same ``--out`` with the same settings adds its arms and depths to the study.
 Extra ``KEY=VALUE`` arguments go to every run (e.g. ``data=multi30k data.local_dir=../shared/data/multi30k``).
+The arms and the study harness are ``tfx.studies``: tfx must be installed (``pip install -e ".[study]"``).
 """
 
 from __future__ import annotations
@@ -37,30 +38,15 @@ import json
 import math
 import shutil
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a plain file from a checkout
-from tfx.metrics_log import FILENAME, read_metrics  # noqa: E402
+from tfx.metrics_log import FILENAME, read_metrics
+from tfx.studies.arms import ARMS
+from tfx.studies.harness import multirun, open_study, running_mean, train_or_replot
 
-# name -> (method, what the arm sets besides it). Each arm becomes <out>/arms/arm/<name>.yaml, swept as +arm=...
-ARMS: dict[str, tuple[str, list[str]]] = {
-    "tfixup": ("tfixup", []),
-    "tfixup_radam": ("tfixup", ["optim.name=radam"]),
-    "postln": ("postln", []),
-    "postln_nowarmup": ("postln_nowarmup", []),
-    "preln": ("preln", []),
-    "deepnorm": ("deepnorm", []),
-    "admin": ("admin", []),
-    "xavier_noln": ("xavier_noln", []),
-    # Post-LN's warmup, then T-Fixup's decay (scripts/budget_study.py: separates the init from the schedule)
-    "postln_tfixup_lr": ("postln", ["optim.offset_decay=true"]),
-}
 STUDY_ARMS = [arm for arm in ARMS if arm != "postln_tfixup_lr"]  # the depth study's default arms
 FINAL_WINDOW = 10  # updates averaged into the final train loss
 SMOOTH = 10  # running-mean window of the plotted curves
@@ -77,31 +63,6 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
         "train.valid_max_sentences=4", "train.save_every_epochs=0", "train.log_every_updates=10",
         "train.progress=false", "train.probe_updates=100", "train.probe_sentences=8", *args.overrides,
     ]  # fmt: skip
-
-
-def write_arms(folder: Path, arms: list[str]) -> None:
-    """One config per arm in ``folder/arm/`` (added to Hydra's search path), so one multirun sweeps them all."""
-    from omegaconf import OmegaConf
-
-    (folder / "arm").mkdir(parents=True, exist_ok=True)
-    for arm in arms:
-        method, extra = ARMS[arm]
-        body = OmegaConf.create({"defaults": [{"override /method": method}]})
-        body = OmegaConf.to_yaml(OmegaConf.merge(body, OmegaConf.from_dotlist(extra)))
-        (folder / "arm" / f"{arm}.yaml").write_text(f"# @package _global_\n# depth-study arm {arm}\n{body}")
-
-
-def multirun(out: Path, arms: list[str], jobs: int, subdir: str, overrides: list[str]) -> int:
-    """One ``tfx.train`` multirun (joblib, ``jobs`` runs at once) with the ``arms`` configs on Hydra's search path,
-    each run in ``out/runs/<subdir>``; ``overrides`` (in their order) sweep the arms and whatever else
-    (shared with scripts/budget_study.py)."""
-    write_arms(out / "arms", arms)
-    cmd = [
-        sys.executable, "-m", "tfx.train", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}",
-        f"hydra.searchpath=[file://{out / 'arms'}]", f"hydra.sweep.dir={out / 'runs'}",
-        f"hydra.sweep.subdir={subdir}", *overrides,
-    ]  # fmt: skip
-    return subprocess.run(cmd, cwd=REPO).returncode
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -178,10 +139,6 @@ def write_table(out: Path, study: dict[str, Any], rows: dict[tuple[str, int], di
     return text
 
 
-def running_mean(values: list[float], window: int) -> list[float]:
-    return [statistics.fmean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
-
-
 def plot(path: Path, arms: list[str], depths: list[int], rows: dict[tuple[str, int], dict[str, Any]]) -> None:
     """One panel per arm (its own log-y range: Xavier without LN starts far above the rest), one line per depth."""
     import matplotlib
@@ -236,31 +193,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.out = args.out.resolve()
     return args
-
-
-def open_study(path: Path, fresh: dict[str, Any], arms: list[str]) -> dict[str, Any] | None:
-    """The study record at ``path`` (``fresh`` when there is none) with ``arms`` added; None, after saying why,
-    when it holds a study with other settings (shared with scripts/budget_study.py)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    study = json.loads(path.read_text()) if path.exists() else fresh
-    if study["overrides"] != fresh["overrides"]:
-        print(f"{path} holds a study with other settings: use another --out", file=sys.stderr)
-        return None
-    study["arms"] += [a for a in arms if a not in study["arms"]]
-    return study
-
-
-def train_or_replot(args: argparse.Namespace, train: Callable[[argparse.Namespace], int],
-                    report: Callable[[Path], str]) -> int:  # fmt: skip
-    """A study's main: train (unless ``--replot``), then print the table written from ``<out>``."""
-    if not args.replot:
-        if code := train(args):
-            return code
-    elif not (args.out / "study.json").exists():
-        print(f"--replot: {args.out / 'study.json'} not found; run the study first", file=sys.stderr)
-        return 2
-    print(report(args.out))
-    return 0
 
 
 def train_all(args: argparse.Namespace) -> int:

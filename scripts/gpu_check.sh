@@ -16,7 +16,7 @@
 #    train.compile off and on, with a torch.profiler breakdown (compile off).
 # 4. scripts/deep_memory.py: 200+200 layers at d 512, activation checkpointing off and on,
 #    torch.cuda.max_memory_allocated.
-# The boxes are sized from the first run on an H200 (README "GPU"). A failing or timed-out step does not stop
+# The boxes are sized from the first run on an H200 (docs/gpu-and-scaling.md "GPU"). A failing or timed-out step does not stop
 # the later ones; the exit status is 1 if any failed.
 # Settings: T_TESTS, T_DEEP, T_BENCH, T_MEMORY (seconds per step), DEEP_PRECISIONS.
 set -uo pipefail
@@ -48,7 +48,7 @@ if [[ ${dry} == 1 ]]; then  # tiny sizes, CPU, one thread: the same commands in 
 else
     device=cuda
     # 90 + 240 + 140 + 70 = 540 s: the device machine runs one command for at most 10 minutes; the steps' measured
-    # times, which these boxes come from, are in README "GPU"
+    # times, which these boxes come from, are in docs/gpu-and-scaling.md "GPU"
     t_tests=${T_TESTS:-90} t_deep=${T_DEEP:-240} t_bench=${T_BENCH:-140} t_memory=${T_MEMORY:-70}
     deep=(--depths 100 200 --updates 30)
     read -r -a deep_precisions <<< "${DEEP_PRECISIONS:-bf16}"

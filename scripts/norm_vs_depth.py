@@ -26,6 +26,8 @@ Two versions, both printed:
    Softmax attention averages over positions, so this is not the linearized block's number.
 
 Usage: ``python scripts/norm_vs_depth.py [--depths 6 12 200] [--d-model 32] [--plot out.png]``
+
+Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
 """
 
 from __future__ import annotations
@@ -34,15 +36,13 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 # Run as a plain file from a checkout without `pip install -e .`: make the repo root importable.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tfx.init import apply_init, tfixup_encoder_scale  # noqa: E402
-from tfx.model import Transformer  # noqa: E402
+from tfx.init import apply_init, tfixup_encoder_scale
+from tfx.model import Transformer
 
 SCHEMES = ("xavier", "tfixup")
 PUBLISHED_DEPTHS = (6, 12, 200)

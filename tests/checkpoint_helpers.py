@@ -11,7 +11,7 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
-from tfx.checkpoint import atomic_save
+from tfx.atomic import atomic_save
 from tfx.config import Config, DataConfig, ModelConfig
 from tfx.data import PAD, Tokenizer
 from tfx.model import build_model

@@ -9,8 +9,9 @@ import torch
 
 from tests.checkpoint_helpers import spm_model_bytes, synthetic_text, tiny_config, write_checkpoint
 from tfx import average
-from tfx.average import average_checkpoints, best_window, last_checkpoints
+from tfx.average import average_checkpoints, best_window
 from tfx.checkpoint import CheckpointError, build_from_checkpoint, load_checkpoint
+from tfx.checkpoint_folder import last_checkpoints
 from tfx.config import DataConfig
 
 

@@ -10,19 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-import tfx.evaluate
 from tests.checkpoint_helpers import tiny_config, write_checkpoint
 from tfx import average
-from tfx.average import (
-    average_checkpoints,
-    best_window,
-    checkpoint_dir,
-    last_checkpoints,
-    numbered_checkpoints,
-    parse_args,
-    windows,
-)
-from tfx.checkpoint import CheckpointError, atomic_save, load_checkpoint
+from tfx.atomic import atomic_save
+from tfx.average import average_checkpoints, best_window, parse_args, windows
+from tfx.checkpoint import CheckpointError, load_checkpoint
+from tfx.checkpoint_folder import checkpoint_dir, last_checkpoints
 
 KEY = "encoder.embedding.embed.weight"
 
@@ -87,7 +80,7 @@ def spy_scorer(monkeypatch: pytest.MonkeyPatch, seen: list[Any]) -> None:
         seen.append((first["step"], args.best_window))
         return lambda ckpt: float(ckpt["model"][KEY].double().sum())
 
-    monkeypatch.setattr(tfx.evaluate, "valid_scorer", valid_scorer)
+    monkeypatch.setattr(average, "valid_scorer", valid_scorer)
 
 
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -141,13 +134,6 @@ def test_best_window_of_one_checkpoint_and_a_foreign_checkpoint(tmp_path: Path) 
         CheckpointError, match=r"^cannot average .*checkpoint_1_100\.pt and .*checkpoint_3_300\.pt: model"
     ):
         best_window(paths, 2, lambda c: 0.0)
-
-
-def test_numbered_checkpoints_order_by_step_then_epoch(tmp_path: Path) -> None:
-    for name in ("checkpoint_10_500.pt", "checkpoint_9_500.pt", "checkpoint_2_40.pt", "checkpoint_last.pt", "x.pt"):
-        (tmp_path / name).touch()
-    found = [p.name for p in numbered_checkpoints(tmp_path)]
-    assert found == ["checkpoint_2_40.pt", "checkpoint_9_500.pt", "checkpoint_10_500.pt"]
 
 
 def test_too_few_checkpoints_for_the_window_fail_before_any_read(

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.checkpoint_helpers import write_checkpoint
-from tfx.average import average_checkpoints, last_checkpoints
-from tfx.checkpoint import CheckpointError, atomic_save, load_checkpoint
+from tfx.atomic import atomic_save
+from tfx.average import average_checkpoints
+from tfx.checkpoint import CheckpointError, load_checkpoint
 
 
 def write_constant(path: Path, template: Path, value: float, step: int) -> Path:
@@ -66,12 +67,6 @@ def test_mean_of_identical_checkpoints_is_the_checkpoint(template: Path, k: int,
         assert avg.keys() == original.keys()
         for key, value in original.items():
             assert avg[key].dtype == value.dtype and torch.equal(avg[key], value), key
-
-
-def test_last_n_may_take_every_numbered_checkpoint(tmp_path: Path) -> None:
-    for step in (10, 20, 30):
-        write_checkpoint(tmp_path / f"checkpoint_1_{step}.pt", step=step)
-    assert [p.name for p in last_checkpoints(tmp_path, 3)] == [f"checkpoint_1_{s}.pt" for s in (10, 20, 30)]
 
 
 def test_a_model_setting_only_one_checkpoint_has_is_a_difference(tmp_path: Path) -> None:

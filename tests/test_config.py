@@ -194,7 +194,7 @@ def test_slurm_launcher_composes_without_a_cluster() -> None:
     register_configs()
     launcher = [f"hydra.launcher.{o}" for o in ("partition=gpu", "gpus_per_node=4", "nodes=2", "timeout_min=600")]
     point = ["+experiment=deep_postln", "model.encoder_layers=24", "model.decoder_layers=${model.encoder_layers}"]
-    overrides = ["hydra/launcher=slurm", *launcher, *point, "train.strategy=fsdp"]  # one point of the README's sweep
+    overrides = ["hydra/launcher=slurm", *launcher, *point, "train.strategy=fsdp"]  # a point of docs/gpu-and-scaling.md
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
     launcher = cfg.hydra.launcher

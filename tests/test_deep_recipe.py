@@ -1,4 +1,4 @@
-"""``+experiment=deep`` carries the spike-free lr measured at d 512 (README "Deep at width")."""
+"""``+experiment=deep`` carries the spike-free lr measured at d 512 (docs/depth.md "Deep at width")."""
 
 from __future__ import annotations
 

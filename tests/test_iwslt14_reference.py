@@ -1,6 +1,6 @@
 """``+experiment=iwslt14_reference`` end to end at toy sizes on the staged IWSLT'14 text (CPU stand-in).
 
-The protocol of the README: train with RAdam on fairseq's tokenized text, save a checkpoint per epoch,
+The protocol of docs/reproducing-t-fixup.md: train with RAdam on fairseq's tokenized text, save a checkpoint per epoch,
 average the window of consecutive epoch checkpoints that scores best on VALIDATION, then score the test
 split with beam 4, lenpen 0.3 and compound-split tokenized BLEU. The staged data has no training split,
 so a slice of the valid text stands in for it.
@@ -16,8 +16,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from tfx import average, evaluate
-from tfx.average import numbered_checkpoints
 from tfx.checkpoint import load_checkpoint
+from tfx.checkpoint_folder import numbered_checkpoints
 from tfx.config import Config, register_configs
 from tfx.train import train
 

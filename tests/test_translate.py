@@ -12,7 +12,8 @@ import pytest
 
 from tests.checkpoint_helpers import REPO, write_checkpoint
 from tfx import translate
-from tfx.checkpoint import atomic_save, build_from_checkpoint, load_checkpoint
+from tfx.atomic import atomic_save
+from tfx.checkpoint import build_from_checkpoint, load_checkpoint
 from tfx.decode import translate_sentences
 
 SENTENCES = ["Ein Hund läuft.", "Die Katze", "", "ein roter Hund läuft schnell über die Wiese und weiter", "x"]

@@ -21,7 +21,6 @@ model that will be evaluated: an average is not the average of its members' BLEU
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -30,40 +29,12 @@ from typing import Any
 
 import torch
 
+from tfx.atomic import atomic_save
 from tfx.bleu import add_scoring_args
-from tfx.checkpoint import CheckpointError, atomic_save, load_checkpoint
+from tfx.checkpoint import CheckpointError, load_checkpoint
+from tfx.checkpoint_folder import checkpoint_dir, last_checkpoints, numbered_checkpoints
+from tfx.run_splits import valid_scorer
 from tfx.translate import add_decoding_args, check_decoding_args, run_reporting_errors
-
-NUMBERED = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # checkpoint_<epoch>_<step>.pt, written by tfx.train
-
-
-def checkpoint_dir(run_dir: str | Path) -> Path:
-    """``RUN/checkpoints`` when it exists (a run folder), else the folder itself."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise CheckpointError(f"run folder {run_dir} does not exist")
-    sub = run_dir / "checkpoints"
-    return sub if sub.is_dir() else run_dir
-
-
-def numbered_checkpoints(folder: str | Path) -> list[Path]:
-    """``checkpoint_<epoch>_<step>.pt`` files in ``folder``, oldest (lowest step) first."""
-    found = [(int(m[2]), int(m[1]), p) for p in Path(folder).iterdir() if (m := NUMBERED.match(p.name))]
-    return [p for _, _, p in sorted(found)]
-
-
-def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
-    """The ``n`` numbered checkpoints with the highest step ("the last N")."""
-    if n < 1:
-        raise CheckpointError(f"--last {n}: need at least 1 checkpoint")
-    folder = checkpoint_dir(run_dir)
-    paths = numbered_checkpoints(folder)
-    if len(paths) < n:
-        raise CheckpointError(
-            f"{folder} has {len(paths)} numbered checkpoint(s) (checkpoint_<epoch>_<step>.pt): "
-            f"cannot average the last {n}"
-        )
-    return paths[-n:]
 
 
 def _mismatch(first: dict[str, Any], other: dict[str, Any]) -> str | None:
@@ -202,9 +173,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def choose_window(args: argparse.Namespace) -> dict[str, Any]:
     """The average of the best ``--best-window`` window on the run's valid split (module docstring)."""
-    # tfx.evaluate imports this module, so its decoding side is imported only when a window is searched.
-    from tfx.evaluate import valid_scorer
-
     paths = numbered_checkpoints(checkpoint_dir(args.run_dir))
     first = windows(paths, args.best_window, args.candidates)[0][0]  # too few checkpoints fail before any read
     first_loaded = load_checkpoint(first)

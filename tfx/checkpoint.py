@@ -1,4 +1,4 @@
-"""Checkpoints: atomic writes, ``weights_only`` loads, and rebuilding a model from one.
+"""Checkpoints: ``weights_only`` loads and rebuilding a model from one (writes: ``tfx.atomic``).
 
 A checkpoint is a plain dict (loadable with ``torch.load(..., weights_only=True)``):
 
@@ -21,15 +21,10 @@ and, in ``checkpoint_last.pt`` only (the one a run resumes from; see ``RESUME_KE
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 
@@ -61,40 +56,6 @@ class CheckpointError(RuntimeError):
 
 class UnreadableCheckpoint(CheckpointError):
     """``torch.load`` failed on the file: cut short (an interrupted copy), damaged, or not a checkpoint."""
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "wb", **kwargs: Any) -> Iterator[IO]:
-    """A temp file beside ``path``; on success fsynced and renamed over it, on any failure removed.
-
-    A crash or SIGKILL mid-write leaves the previous good file untouched. The file gets the
-    usual umask permissions (``mkstemp`` alone makes it owner-only, unreadable to a team).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode, **kwargs) as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` through ``atomic_open``: never a partial checkpoint under ``path``."""
-    with atomic_open(path) as f:
-        torch.save(obj, f)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
@@ -133,9 +94,3 @@ def build_from_checkpoint(ckpt: dict[str, Any], device: str | torch.device = "cp
     model = build_model(model_cfg, ckpt["vocab_size"], PAD)
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), tokenizer, ckpt["config"]
-
-
-def atomic_copy(src: str | Path, dst: str | Path) -> None:
-    """Copy a finished checkpoint under another name without ever exposing a partial file."""
-    with open(src, "rb") as source, atomic_open(dst) as target:
-        shutil.copyfileobj(source, target, 16 * 2**20)

@@ -9,7 +9,7 @@ has a closed form instead: with p = softmax(logits) and w = 1 at non-pad tokens 
     d loss / d logits = w * (p - eps / V) - w * (1 - eps) * onehot(target),
 
 so backward turns the saved log-probabilities into it in place: one vocabulary-sized buffer for
-forward and backward together (measured figures in the README).
+forward and backward together (measured figures in docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tfx.checkpoint import CheckpointError, atomic_open
+from tfx.atomic import atomic_open
+from tfx.checkpoint import CheckpointError
 
 FILENAME = "metrics.jsonl"
 

@@ -25,16 +25,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from tfx.config import OptimConfig
+
+class OptimSettings(Protocol):
+    """The optimizer settings read here; ``tfx.config.OptimConfig`` is one.
+
+    A protocol, not an import: tfx.config validates ``optim.name`` against ``OPTIMIZERS``, so
+    config sits above this module and this module must not import it.
+    """
+
+    name: str
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    warmup_updates: int
+    warmup_init_lr: float
+    decay_offset: int
+    offset_decay: bool
 
 
-def lr_at(step: int, cfg: OptimConfig) -> float:
+def lr_at(step: int, cfg: OptimSettings) -> float:
     """Learning rate for update ``step`` (0-based).
 
     - ``warmup_updates == 0`` (T-Fixup reference): lr * sqrt(offset / (offset + t)), no warmup;
@@ -61,18 +76,18 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def _kwargs(cfg: OptimConfig) -> dict:
+def _kwargs(cfg: OptimSettings) -> dict:
     return dict(lr=lr_at(0, cfg), betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
-def adam(params: list[nn.Parameter], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+def adam(params: list[nn.Parameter], cfg: OptimSettings, device: torch.device) -> torch.optim.Optimizer:
     """AdamW (decoupled weight decay, as fairseq's Adam): fused kernels where the device has them."""
     if device.type in FUSED_ADAM_DEVICES:
         return torch.optim.AdamW(params, fused=True, **_kwargs(cfg))
     return torch.optim.AdamW(params, foreach=True, **_kwargs(cfg))
 
 
-def radam(params: list[nn.Parameter], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+def radam(params: list[nn.Parameter], cfg: OptimSettings, device: torch.device) -> torch.optim.Optimizer:
     """RAdam with decoupled weight decay, the update the T-Fixup reference code ran (module docstring).
 
     torch has no fused RAdam kernel; foreach is its fastest path on every device.
@@ -81,13 +96,13 @@ def radam(params: list[nn.Parameter], cfg: OptimConfig, device: torch.device) ->
 
 
 # The one registry of optimizer names: tfx.config validates ``optim.name`` against its keys.
-OPTIMIZERS: dict[str, Callable[[list[nn.Parameter], OptimConfig, torch.device], torch.optim.Optimizer]] = {
+OPTIMIZERS: dict[str, Callable[[list[nn.Parameter], OptimSettings, torch.device], torch.optim.Optimizer]] = {
     "adam": adam,
     "radam": radam,
 }
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimSettings, device: torch.device) -> torch.optim.Optimizer:
     """The optimizer ``cfg.name`` over the model's trainable parameters."""
     params = [p for p in model.parameters() if p.requires_grad]
     return OPTIMIZERS[cfg.name](params, cfg, device)

@@ -24,15 +24,8 @@ from typing import Any
 import torch
 from hydra.experimental.callback import Callback
 
-from tfx.checkpoint import (
-    RESUME_KEYS,
-    CheckpointError,
-    UnreadableCheckpoint,
-    atomic_copy,
-    atomic_save,
-    load_checkpoint,
-    weights_only_payload,
-)
+from tfx.atomic import atomic_copy, atomic_save
+from tfx.checkpoint import RESUME_KEYS, CheckpointError, UnreadableCheckpoint, load_checkpoint, weights_only_payload
 
 log = logging.getLogger("tfx.train")
 

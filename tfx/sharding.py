@@ -3,7 +3,7 @@
 Each encoder and decoder layer is its own FSDP unit, then the root (embeddings, output
 projection, final norms): a layer's weights are all-gathered just before it runs and freed
 after, its gradients reduce-scattered as soon as its backward is done. Every rank then holds
-1/N of the fp32 weights, gradients and Adam moments (README "Beyond one device" has the
+1/N of the fp32 weights, gradients and Adam moments (docs/gpu-and-scaling.md "Beyond one device" has the
 arithmetic). Parameters become ``DTensor``s sharded on dim 0; the optimizer is built on them.
 
 - bf16: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: layers all-gather bf16

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from tfx import decode
-from tfx.checkpoint import CheckpointError, atomic_open, build_from_checkpoint, load_checkpoint
+from tfx.atomic import atomic_open
+from tfx.checkpoint import CheckpointError, build_from_checkpoint, load_checkpoint
 from tfx.data import DataError
 from tfx.data.sources import read_lines, split_lines
 from tfx.decode import translate_sentences

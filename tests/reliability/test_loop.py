@@ -16,7 +16,7 @@ from tests.reliability.test_resume_compat import write_corpus
 from tests.test_config import load
 from tfx.checkpoint import load_checkpoint
 from tfx.data import DataError, prepare_data
-from tfx.evaluate import data_config
+from tfx.run_splits import data_config
 from tfx.train import train
 
 

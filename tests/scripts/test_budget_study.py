@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import load_script
 from tests.data.helpers import write_text_corpus
 from tfx.config import compose_config
+from tfx.studies.arms import write_arms
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ EXPECTED = {
 def test_every_arm_is_its_method_on_the_multi30k_budget(bs: ModuleType, tmp_path: Path) -> None:
     assert list(EXPECTED) == bs.DEFAULT_ARMS
     args = bs.parse_args(["--out", str(tmp_path)])
-    load_script("depth_study").write_arms(tmp_path / "arms", bs.DEFAULT_ARMS)  # what multirun writes first
+    write_arms(tmp_path / "arms", bs.DEFAULT_ARMS)  # what multirun writes first
     overrides = bs.run_overrides(args)
     for arm, (norm, init, warmup, offset_decay) in EXPECTED.items():
         search = f"hydra.searchpath=[file://{tmp_path / 'arms'}]"

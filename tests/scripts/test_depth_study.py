@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import load_script
 from tfx.config import compose_config
+from tfx.studies.arms import write_arms
 
 TINY = [
     "data.toy_train_size=300",
@@ -46,7 +47,7 @@ def test_every_arm_composes_to_its_method_on_the_shared_budget(ds: ModuleType, t
     assert set(ds.ARMS) == set(EXPECTED)
     assert ds.parse_args([]).methods == [arm for arm in EXPECTED if arm != "postln_tfixup_lr"]
     args = ds.parse_args(["--out", str(tmp_path)])
-    ds.write_arms(tmp_path / "arms", list(ds.ARMS))
+    write_arms(tmp_path / "arms", list(ds.ARMS))
     for arm, (norm, init, optim, warmup) in EXPECTED.items():
         search = f"hydra.searchpath=[file://{tmp_path / 'arms'}]"
         cfg = compose_config([search, f"+arm={arm}", "model.encoder_layers=24", *ds.run_overrides(args)])

@@ -1,0 +1,36 @@
+"""A study's arms: a ``method`` (conf/method/) plus what the arm sets besides it, as Hydra configs.
+
+Methods compare on one optimizer, so an arm such as ``tfixup_radam`` is an override of the study,
+not a method. ``write_arms`` turns each arm into ``<folder>/arm/<name>.yaml``; with that folder on
+Hydra's search path one multirun sweeps every arm as ``+arm=NAME``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# name -> (method, what the arm sets besides it). Each arm becomes <out>/arms/arm/<name>.yaml, swept as +arm=...
+ARMS: dict[str, tuple[str, list[str]]] = {
+    "tfixup": ("tfixup", []),
+    "tfixup_radam": ("tfixup", ["optim.name=radam"]),
+    "postln": ("postln", []),
+    "postln_nowarmup": ("postln_nowarmup", []),
+    "preln": ("preln", []),
+    "deepnorm": ("deepnorm", []),
+    "admin": ("admin", []),
+    "xavier_noln": ("xavier_noln", []),
+    # Post-LN's warmup, then T-Fixup's decay (scripts/budget_study.py: separates the init from the schedule)
+    "postln_tfixup_lr": ("postln", ["optim.offset_decay=true"]),
+}
+
+
+def write_arms(folder: Path, arms: list[str]) -> None:
+    """One config per arm in ``folder/arm/`` (added to Hydra's search path), so one multirun sweeps them all."""
+    from omegaconf import OmegaConf
+
+    (folder / "arm").mkdir(parents=True, exist_ok=True)
+    for arm in arms:
+        method, extra = ARMS[arm]
+        body = OmegaConf.create({"defaults": [{"override /method": method}]})
+        body = OmegaConf.to_yaml(OmegaConf.merge(body, OmegaConf.from_dotlist(extra)))
+        (folder / "arm" / f"{arm}.yaml").write_text(f"# @package _global_\n# depth-study arm {arm}\n{body}")

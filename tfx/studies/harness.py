@@ -1,0 +1,64 @@
+"""One study's life cycle: its record (``study.json``), one ``tfx.train`` multirun, train-or-replot.
+
+A study is one Hydra multirun of ``tfx.train`` (joblib launcher) whose runs land in ``<out>/runs/``;
+``study.json`` records the shared overrides and wall time, so a later invocation with the same
+settings adds arms to it and ``--replot`` redraws table and figure from the run folders alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tfx.config import CONF_DIR
+from tfx.studies.arms import write_arms
+
+CHECKOUT = CONF_DIR.parent  # the folder holding conf/ and tfx/: runs start there, as from a checkout
+
+
+def multirun(out: Path, arms: list[str], jobs: int, subdir: str, overrides: list[str]) -> int:
+    """One ``tfx.train`` multirun (joblib, ``jobs`` runs at once) with the ``arms`` configs on Hydra's search path,
+    each run in ``out/runs/<subdir>``; ``overrides`` (in their order) sweep the arms and whatever else."""
+    write_arms(out / "arms", arms)
+    cmd = [
+        sys.executable, "-m", "tfx.train", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}",
+        f"hydra.searchpath=[file://{out / 'arms'}]", f"hydra.sweep.dir={out / 'runs'}",
+        f"hydra.sweep.subdir={subdir}", *overrides,
+    ]  # fmt: skip
+    return subprocess.run(cmd, cwd=CHECKOUT).returncode
+
+
+def open_study(path: Path, fresh: dict[str, Any], arms: list[str]) -> dict[str, Any] | None:
+    """The study record at ``path`` (``fresh`` when there is none) with ``arms`` added; None, after saying why,
+    when it holds a study with other settings."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    study = json.loads(path.read_text()) if path.exists() else fresh
+    if study["overrides"] != fresh["overrides"]:
+        print(f"{path} holds a study with other settings: use another --out", file=sys.stderr)
+        return None
+    study["arms"] += [a for a in arms if a not in study["arms"]]
+    return study
+
+
+def train_or_replot(args: argparse.Namespace, train: Callable[[argparse.Namespace], int],
+                    report: Callable[[Path], str]) -> int:  # fmt: skip
+    """A study's main: train (unless ``--replot``), then print the table written from ``<out>``."""
+    if not args.replot:
+        if code := train(args):
+            return code
+    elif not (args.out / "study.json").exists():
+        print(f"--replot: {args.out / 'study.json'} not found; run the study first", file=sys.stderr)
+        return 2
+    print(report(args.out))
+    return 0
+
+
+def running_mean(values: list[float], window: int) -> list[float]:
+    """The plotted curves: the mean of the last ``window`` values at each point (fewer at the start)."""
+    return [statistics.fmean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
