@@ -1,4 +1,4 @@
-"""TensorBoard logging under ``<run>/tb``: scalars, per-layer stats, sample translations, hparams.
+"""TensorBoard logging under ``<run>/tb``: scalars, images, the custom-scalars layout, translations, hparams.
 
 Only rank 0 creates a writer; on other ranks every call is a no-op, so the loop
 never branches on rank to log.
@@ -10,7 +10,9 @@ import logging
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
@@ -26,6 +28,16 @@ class RunLogger:
             return
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
+
+    def image(self, tag: str, rgb: np.ndarray, step: int) -> None:
+        """An (H, W, 3) uint8 picture (the per-layer heatmaps of ``tfx.dashboard``)."""
+        if self.writer is not None:
+            self.writer.add_image(tag, rgb, step, dataformats="HWC")
+
+    def layout(self, layout: dict[str, dict[str, list[Any]]]) -> None:
+        """The Custom Scalars tab: ``{category: {chart: ["Multiline", [tag regex, ...]]}}``, in order."""
+        if self.writer is not None:
+            self.writer.add_custom_scalars(layout)
 
     def translations(self, tag: str, rows: list[tuple[str, str, str]], step: int) -> None:
         """A markdown table of (source, reference, hypothesis) rows."""

@@ -1,8 +1,9 @@
 """Where the loop's numbers go: ``metrics.jsonl``, TensorBoard and the log, so the loop says *what*, not *how*.
 
 - every update (and skipped step) -> one ``metrics.jsonl`` record (``tfx.metrics_log``; no per-layer values);
-- every ``train.log_every_updates`` (and with per-layer statistics) -> TensorBoard scalars, with the
-  tokens/s of the window since the last;
+- every ``train.log_every_updates`` -> TensorBoard scalars, with the tokens/s of the window since the last;
+- per-layer statistics (``layers/*``, every ``train.layer_stats_every_updates``) -> one heatmap image per
+  stack and statistic (``tfx.dashboard``), not one scalar per layer;
 - validations -> scalars, a ``valid`` record, sample translations and a log line; the end -> HParams.
 
 Only rank 0 writes (``run_dir=None`` elsewhere): the sinks are no-ops on the other ranks.
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tfx.config import Config
+from tfx.dashboard import LAYOUT, LayerHistory, hparams, split_layer_stats
 from tfx.logger import RunLogger
 from tfx.metrics_log import MetricsLog
 from tfx.validate import ValidResult
@@ -33,7 +35,9 @@ class Reporter:
         except BaseException:  # an unwritable run folder: still close the event file
             self.tb.close()
             raise
+        self.layers = LayerHistory()
         self.log_every_updates = log_every_updates
+        self.tb.layout(LAYOUT)
         self.restart_window()
 
     def restart_window(self) -> None:
@@ -61,7 +65,12 @@ class Reporter:
         if step % self.log_every_updates == 0 or force:
             metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
             self.restart_window()
-            self.tb.scalars({**metrics, "train/epoch": epoch}, step)
+            per_layer, scalars = split_layer_stats(metrics)
+            self.tb.scalars({**scalars, "train/epoch": epoch}, step)
+            if per_layer:
+                self.layers.add(step, per_layer)
+                for tag, rgb in self.layers.images().items():
+                    self.tb.image(tag, rgb, step)
 
     def valid(self, step: int, result: ValidResult, best_bleu: float, train_minutes: float) -> None:
         """A validation's scalars, its ``metrics.jsonl`` record, sample translations and log line."""
@@ -95,19 +104,3 @@ def describe(cfg: Config) -> str:
     m = cfg.model
     layers = f"{m.encoder_layers}+{m.decoder_layers} layers d{m.d_model}"
     return f"{cfg.experiment} | {layers} norm={m.norm} init={cfg.init.name}"
-
-
-def hparams(cfg: Config) -> dict[str, Any]:
-    """The HParams-tab columns: what a comparison of runs varies."""
-    return {
-        "experiment": cfg.experiment,
-        "norm": cfg.model.norm,
-        "init": cfg.init.name,
-        "encoder_layers": cfg.model.encoder_layers,
-        "decoder_layers": cfg.model.decoder_layers,
-        "d_model": cfg.model.d_model,
-        "lr": cfg.optim.lr,
-        "warmup_updates": cfg.optim.warmup_updates,
-        "seed": cfg.train.seed,
-        "data": cfg.data.name,
-    }
