@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_cfg
-from tfx.dashboard import LayerHistory, split_layer_stats
+from tfx.dashboard import HPARAMS_SHOWN, LayerHistory, split_layer_stats
 from tfx.heatmap import NON_FINITE, NON_POSITIVE, STOPS, colors, render
 from tfx.metrics_log import FILENAME, read_metrics
 from tfx.train import train
@@ -112,6 +112,11 @@ def test_hparams_columns_include_method_and_optimizer(deep_run: DeepRun) -> None
     data = plugin_data_pb2.HParamsPluginData.FromString(start.metadata.plugin_data.content)
     columns = data.session_start_info.hparams
     assert columns["method"].string_value == "custom" and columns["optim"].string_value == "adam"
+    (experiment,) = [v for v in deep_run.values if v.tag == "_hparams_/experiment"]
+    data = plugin_data_pb2.HParamsPluginData.FromString(experiment.metadata.plugin_data.content)
+    infos = data.experiment.hparam_infos
+    # the columns TensorBoard's table displays before anyone ticks a box
+    assert {i.name for i in infos if i.differs} == set(HPARAMS_SHOWN) and {"method", "optim"} <= set(HPARAMS_SHOWN)
 
 
 @pytest.mark.parametrize("method", ["tfixup", "postln"])

@@ -42,6 +42,12 @@ LAYOUT: dict[str, dict[str, list[Any]]] = {
 }
 
 
+# The HParams table's columns before anyone ticks a box (TensorBoard displays up to five): a comparison
+# of methods at some depth, with and without warmup; the rest is a tick away, and four leave room
+# on screen for the best-BLEU column.
+HPARAMS_SHOWN = ("method", "optim", "encoder_layers", "warmup_updates")
+
+
 def hparams(cfg: Config) -> dict[str, Any]:
     """The HParams-tab columns: what a comparison of runs varies."""
     return {
@@ -95,6 +101,6 @@ class LayerHistory:
             depth = max(len(c) for c in cols)
             values = np.array([c + [float("nan")] * (depth - len(c)) for c in cols], dtype=np.float64).T
             stack, stat = panel.removeprefix(LAYER_PREFIX).split("/")
-            title = f"{STACKS.get(stack, stack)} {stat}: rows = layers, columns = updates, log colour"
+            title = f"{STACKS.get(stack, stack)} {stat} (log colour)"
             out[panel] = render(values, title, steps)
         return out

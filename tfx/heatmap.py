@@ -18,8 +18,10 @@ STOPS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [25
 NON_FINITE = (255, 0, 0)  # inf or NaN: red, a colour viridis never reaches
 NON_POSITIVE = (0, 0, 0)  # 0 has no logarithm (a layer that got no gradient): black
 
-PLOT_WIDTH, PLOT_HEIGHT = 480, 240  # the cell area aims at this size; cells are whole pixels, so it varies
-LEFT, TOP, BOTTOM, GAP, BAR, RIGHT = 64, 18, 16, 8, 12, 60  # margins and colour-bar geometry, pixels
+# The cell area aims at this size (cells are whole pixels, so it varies): the whole image then fits
+# TensorBoard's image card (~330 px) unscaled, so its labels stay legible.
+PLOT_WIDTH, PLOT_HEIGHT = 220, 160
+LEFT, TOP, BOTTOM, GAP, BAR, RIGHT = 56, 16, 15, 5, 10, 40  # margins and colour-bar geometry, pixels
 INK = (0, 0, 0)
 
 
@@ -74,12 +76,12 @@ def _labels(
     """Title, first/last layer, first/last update, and the colour bar's two ends."""
     h, w, bar_x = geometry
     font = ImageFont.load_default()
-    draw.text((LEFT, 3), title, fill=INK, font=font)
-    draw.text((4, TOP), "layer 0", fill=INK, font=font)
-    draw.text((4, TOP + h - 11), f"layer {n_layers - 1}", fill=INK, font=font)
+    draw.text((LEFT, 2), title, fill=INK, font=font)
+    draw.text((2, TOP), "layer 0", fill=INK, font=font)
+    draw.text((2, TOP + h - 11), f"layer {n_layers - 1}", fill=INK, font=font)
     draw.text((LEFT, TOP + h + 3), f"update {steps[0]}", fill=INK, font=font)
     last = f"{steps[-1]}"
     draw.text((LEFT + w - draw.textlength(last, font=font), TOP + h + 3), last, fill=INK, font=font)
     lo, hi = scale
-    draw.text((bar_x + BAR + 4, TOP), f"{hi:.2g}", fill=INK, font=font)
-    draw.text((bar_x + BAR + 4, TOP + h - 11), f"{lo:.2g}", fill=INK, font=font)
+    draw.text((bar_x + BAR + 3, TOP), f"{hi:.2g}", fill=INK, font=font)
+    draw.text((bar_x + BAR + 3, TOP + h - 11), f"{lo:.2g}", fill=INK, font=font)

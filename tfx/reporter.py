@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tfx.config import Config
-from tfx.dashboard import LAYOUT, LayerHistory, hparams, split_layer_stats
+from tfx.dashboard import HPARAMS_SHOWN, LAYOUT, LayerHistory, hparams, split_layer_stats
 from tfx.logger import RunLogger
 from tfx.metrics_log import MetricsLog
 from tfx.validate import ValidResult
@@ -92,7 +92,7 @@ class Reporter:
 
     def final(self, cfg: Config, best_bleu: float, step: int) -> None:
         """The HParams-tab row of this run."""
-        self.tb.hparams(hparams(cfg), {"hparam/best_bleu": best_bleu, "hparam/updates": step})
+        self.tb.hparams(hparams(cfg), {"hparam/best_bleu": best_bleu, "hparam/updates": step}, HPARAMS_SHOWN)
 
     def close(self) -> None:
         self.tb.close()  # also when training diverged: flush what TensorBoard has
