@@ -24,6 +24,11 @@ class RunLogger:
     def __init__(self, run_dir: Path | None) -> None:
         self.writer = SummaryWriter(str(run_dir / "tb")) if run_dir is not None else None
 
+    @property
+    def enabled(self) -> bool:
+        """False on ranks other than 0: callers can skip work whose only use is a picture."""
+        return self.writer is not None
+
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         if self.writer is None:
             return

@@ -14,13 +14,16 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tfx.config import Config
 from tfx.dashboard import HPARAMS_SHOWN, LAYOUT, LayerHistory, hparams, split_layer_stats
 from tfx.logger import RunLogger
 from tfx.metrics_log import MetricsLog
 from tfx.validate import ValidResult
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("tfx.train")
 
@@ -44,7 +47,10 @@ class Reporter:
         """Start a new throughput window (after validation: its time is not training throughput)."""
         self._window = (0.0, time.perf_counter())  # tokens and start time
 
-    def start(self, run_dir: Path, cfg: Config, n_params: int, device: Any, precision: str, world_size: int) -> None:
+    def start(
+        self, run_dir: Path, cfg: Config, n_params: int, device: torch.device, precision: str, world_size: int
+    ) -> None:
+        """The run's first log line: where, what, how big, on what."""
         log.info(
             "run folder %s | %s | %.2fM params | device %s %s | %d rank(s)",
             run_dir, describe(cfg), n_params / 1e6, device, precision, world_size,
@@ -67,7 +73,7 @@ class Reporter:
             self.restart_window()
             per_layer, scalars = split_layer_stats(metrics)
             self.tb.scalars({**scalars, "train/epoch": epoch}, step)
-            if per_layer:
+            if per_layer and self.tb.enabled:  # rank 0 alone draws
                 self.layers.add(step, per_layer)
                 for tag, rgb in self.layers.images().items():
                     self.tb.image(tag, rgb, step)

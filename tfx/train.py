@@ -151,9 +151,8 @@ class Trainer:
         write_last = self.state != self._saved_state
         self._saved_state = dataclasses.replace(self.state)
         if write_last or best or numbered_epoch is not None:
-            tokenizer, world = self.corpus.tokenizer, self.dist.world_size
-            payload = checkpoint_payload(self.model, self.optimizer, self.state, self.precision, self.cfg, tokenizer,
-                                         world, rngs)  # fmt: skip
+            payload = checkpoint_payload(self.model, self.optimizer, self.state, self.precision, self.cfg,
+                                         self.corpus.tokenizer, self.dist.world_size, rngs)  # fmt: skip
             self.ckpts.save(payload, write_last, best, numbered_epoch)
 
     # ------------------------------------------------------------------ step
