@@ -125,13 +125,13 @@ BUGS = [
     Bug("keep-last-by-name", "keep_last prunes by file name, not by step", "tfx/run_checkpoints.py", [
         ('key=lambda p: int(p.stem.rsplit("_", 1)[1])', "key=lambda p: p.name"),
     ], wiring("keep_last_prunes_by_update_not_by_file_name")),
-    Bug("max-epochs-off-by-one", "max_epochs stops one epoch early", "tfx/train.py", [
+    Bug("max-epochs-off-by-one", "max_epochs stops one epoch early", "tfx/train_state.py", [
         ("self.epoch > t.max_epochs", "self.epoch >= t.max_epochs"),
     ], wiring("max_epochs_runs_whole_epochs")),
-    Bug("max-minutes-seconds", "max_minutes read as seconds", "tfx/train.py", [
+    Bug("max-minutes-seconds", "max_minutes read as seconds", "tfx/train_state.py", [
         ("self.train_seconds >= 60 * t.max_minutes", "self.train_seconds >= t.max_minutes"),
     ], wiring("max_minutes_counts_minutes_of_training_time")),
-    Bug("max-minutes-ignored", "max_minutes ignored", "tfx/train.py", [
+    Bug("max-minutes-ignored", "max_minutes ignored", "tfx/train_state.py", [
         ("return not (t.max_minutes and self.train_seconds >= 60 * t.max_minutes)", "return True"),
     ], wiring("max_minutes_stops_after_the_first_update", "max_minutes_counts_minutes_of_training_time")),
     Bug("validate-minutes-seconds", "validate_every_minutes read as seconds", "tfx/train.py", [

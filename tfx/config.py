@@ -227,6 +227,7 @@ class Config:
     """The whole run."""
 
     experiment: str = "default"  # name shown in TensorBoard hparams and run folders
+    method: str = "custom"  # the conf/method/ group that set norm, init and warmup; a label (TensorBoard HParams)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     init: InitConfig = field(default_factory=InitConfig)

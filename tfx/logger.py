@@ -1,4 +1,4 @@
-"""TensorBoard logging under ``<run>/tb``: scalars, per-layer stats, sample translations, hparams.
+"""TensorBoard logging under ``<run>/tb``: scalars, images, the custom-scalars layout, translations, hparams.
 
 Only rank 0 creates a writer; on other ranks every call is a no-op, so the loop
 never branches on rank to log.
@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
@@ -21,11 +24,26 @@ class RunLogger:
     def __init__(self, run_dir: Path | None) -> None:
         self.writer = SummaryWriter(str(run_dir / "tb")) if run_dir is not None else None
 
+    @property
+    def enabled(self) -> bool:
+        """False on ranks other than 0: callers can skip work whose only use is a picture."""
+        return self.writer is not None
+
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         if self.writer is None:
             return
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
+
+    def image(self, tag: str, rgb: np.ndarray, step: int) -> None:
+        """An (H, W, 3) uint8 picture (the per-layer heatmaps of ``tfx.dashboard``)."""
+        if self.writer is not None:
+            self.writer.add_image(tag, rgb, step, dataformats="HWC")
+
+    def layout(self, layout: dict[str, dict[str, list[Any]]]) -> None:
+        """The Custom Scalars tab: ``{category: {chart: ["Multiline", [tag regex, ...]]}}``, in order."""
+        if self.writer is not None:
+            self.writer.add_custom_scalars(layout)
 
     def translations(self, tag: str, rows: list[tuple[str, str, str]], step: int) -> None:
         """A markdown table of (source, reference, hypothesis) rows."""
@@ -35,11 +53,17 @@ class RunLogger:
         lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
         self.writer.add_text(tag, "\n".join(lines), step)
 
-    def hparams(self, params: Mapping[str, float | int | str | bool], metrics: Mapping[str, float]) -> None:
-        """Write the HParams-tab entry into this run's own event file (not a sub-run)."""
+    def hparams(
+        self, params: Mapping[str, float | int | str | bool], metrics: Mapping[str, float], shown: Collection[str] = ()
+    ) -> None:
+        """Write the HParams-tab entry into this run's own event file (not a sub-run).
+
+        ``shown``: the columns the table displays before anyone ticks a box (at most five; see ``_show``).
+        """
         if self.writer is None:
             return
         experiment, session_start, session_end = hparams(dict(params), dict(metrics))
+        _show(experiment, set(shown))
         file_writer = self.writer._get_file_writer()  # public API writes hparams to a sub-run
         for summary in (experiment, session_start, session_end):
             file_writer.add_summary(summary)
@@ -53,6 +77,21 @@ class RunLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def _show(experiment: Any, shown: set[str]) -> None:
+    """Mark ``shown`` columns of an HParams experiment summary as ``differs``, in place.
+
+    TensorBoard's table displays the first five columns after sorting those that differ between runs
+    first, then by name; it computes ``differs`` only when no run wrote an experiment summary, and we
+    write one (it fixes the metric columns). So without this the five are simply the first by name
+    (d_model, data, decoder_layers, ...), and ``method`` stays hidden.
+    """
+    for value in experiment.value:
+        data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
+        for info in data.experiment.hparam_infos:
+            info.differs = info.name in shown
+        value.metadata.plugin_data.content = data.SerializeToString()
 
 
 class Progress:

@@ -1,10 +1,11 @@
 """``python -m tfx.train [+experiment=NAME] [key=value ...]``: the Hydra entry point and the loop.
 
-Order: data -> model -> init -> optimizer. Adam without warmup (T-Fixup) or with it
-(Post-LN baseline), label-smoothed cross-entropy, BLEU validation, TensorBoard under
-``<run>/tb``, checkpoints under ``<run>/checkpoints`` (``tfx.run_checkpoints``). Runs as is on one device or
-under ``torchrun --nproc_per_node=K`` (DDP, or FSDP with ``train.strategy=fsdp``: ``tfx.sharding``;
-rank 0 alone logs and writes).
+Order: data -> model -> init -> optimizer (``tfx.build``). Adam without warmup (T-Fixup) or with it
+(Post-LN baseline), label-smoothed cross-entropy, BLEU validation (``tfx.validate``), metrics.jsonl and
+TensorBoard under ``<run>/tb`` (``tfx.reporter``), checkpoints under ``<run>/checkpoints``
+(``tfx.run_checkpoints``; what they hold: ``tfx.train_state``). Runs as is on one device or under
+``torchrun --nproc_per_node=K`` (DDP, or FSDP with ``train.strategy=fsdp``: ``tfx.sharding``; rank 0
+alone logs and writes).
 """
 
 from __future__ import annotations
@@ -14,76 +15,36 @@ import dataclasses
 import functools
 import logging
 import math
-import random
 import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from tfx import distributed, sharding
-from tfx.checkpoint import CheckpointError, git_sha
-from tfx.config import CONF_DIR, Config, TrainConfig, register_configs
+from tfx import build, distributed, sharding
+from tfx.checkpoint import CheckpointError
+from tfx.config import CONF_DIR, Config, register_configs
 from tfx.criterion import label_smoothed_loss
-from tfx.data import PAD, Batch, DataError, collate, make_batches, prepare_data
-from tfx.diagnostics import ActivationRMS, OutputChange, layer_stats
+from tfx.data import PAD, Batch, DataError, collate, make_batches
+from tfx.diagnostics import ActivationRMS, layer_stats
 from tfx.distributed import DeviceError
-from tfx.init import NEEDS_BATCH, apply_init
-from tfx.logger import Progress, RunLogger
-from tfx.metrics_log import MetricsLog
-from tfx.model import Transformer, build_model
-from tfx.optim import build_optimizer, lr_at, set_lr
-from tfx.precision import Precision, PrecisionError, StepOutcome
+from tfx.logger import Progress
+from tfx.optim import lr_at, set_lr
+from tfx.precision import PrecisionError
+from tfx.reporter import Reporter
 from tfx.run_checkpoints import CheckpointManager, our_trajectory, rng_state
 from tfx.sharding import ShardingError
-from tfx.validate import validate
+from tfx.train_state import TrainingDiverged, TrainState, checkpoint_payload
+from tfx.validate import validate_on_main
 
 log = logging.getLogger("tfx.train")
 
 
 UpdateHook = Callable[["Trainer", dict[str, float]], None]
-
-
-class TrainingDiverged(RuntimeError):
-    """Too many consecutive non-finite steps (message names the step and the last good checkpoint)."""
-
-
-@dataclass
-class TrainState:
-    """Everything besides weights and optimizer moments that resume needs."""
-
-    step: int = 0  # updates applied
-    epoch: int = 1  # current epoch (1-based)
-    batch_in_epoch: int = 0  # index of this rank's next batch in the current epoch
-    train_seconds: float = 0.0  # wall time spent in training steps (validation excluded)
-    best_bleu: float = -1.0
-    bad_steps: int = 0  # consecutive non-finite steps
-    skipped_steps: int = 0  # all non-finite steps so far
-    overflow_steps: int = 0  # fp16 updates skipped by the loss scaler (not divergence; not in bad_steps)
-
-    def record(self, outcome: StepOutcome) -> None:
-        """Count an applied update, an fp16 overflow (the scaler's business) or a non-finite step."""
-        if outcome.applied:
-            self.step += 1
-            self.bad_steps = 0
-        elif outcome.overflow:
-            self.overflow_steps += 1
-        else:
-            self.bad_steps += 1
-            self.skipped_steps += 1
-
-    def budget_left(self, t: TrainConfig) -> bool:
-        """Whether max_updates, max_epochs and max_minutes (0 = unlimited) all leave room."""
-        if t.max_updates and self.step >= t.max_updates:
-            return False
-        if t.max_epochs and self.epoch > t.max_epochs:
-            return False
-        return not (t.max_minutes and self.train_seconds >= 60 * t.max_minutes)
 
 
 class StopSignal:
@@ -106,15 +67,12 @@ class StopSignal:
         self.received = signal.Signals(signum).name
 
 
-# Ranks start from identical weights (the init is seeded with train.seed on every rank), then
-# draw different dropout masks: rank r > 0 reseeds its stream with seed + r * this stride.
-DROPOUT_SEED_STRIDE = 1_000_003
-
-
 class Trainer:
     """One run: build (data -> model -> init -> optimizer), resume, then ``run`` the loop.
 
-    The run folder's checkpoints (lock, saving, pruning, resume checks) are ``self.ckpts``'s job.
+    What builds the parts is ``tfx.build``; where the numbers go (metrics.jsonl, TensorBoard, the log)
+    is ``self.report``'s job (``tfx.reporter``); the run folder's checkpoints (lock, saving, pruning,
+    resume checks) are ``self.ckpts``'s.
     """
 
     def __init__(self, cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> None:
@@ -134,30 +92,18 @@ class Trainer:
 
     def _build(self) -> None:
         cfg = self.cfg
-        if cfg.train.threads > 0:
-            torch.set_num_threads(cfg.train.threads)
-        torch.manual_seed(cfg.train.seed)
-        random.seed(cfg.train.seed)
-        self.corpus = self._prepare_data()
-        self.model: Transformer = build_model(cfg.model, self.corpus.tokenizer.vocab_size, PAD)
-        # A resumed run reads every weight (Admin's omega too) from its checkpoint: no init, no profiling.
-        if self.ckpts.resume_path(cfg.train.resume) is None:
-            batch = self._first_batch() if cfg.init.name in NEEDS_BATCH else None
-            apply_init(self.model, cfg.init.name, seed=cfg.train.seed, batch=batch)
-        if self.dist.rank > 0:
-            torch.manual_seed(cfg.train.seed + DROPOUT_SEED_STRIDE * self.dist.rank)
-        self.model.to(self.device)
-        self.precision = Precision(cfg.train.precision, self.device)
-        if cfg.train.strategy == "fsdp":  # before the optimizer, which must hold the sharded parameters
-            sharding.shard(self.model, self.device, self.precision.bf16)
-        self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
-        self.bf16 = self.precision.bf16  # validation autocasts only for bf16 (fp16 validates in fp32)
+        build.seed_everything(cfg.train)
+        self.corpus = build.prepare_corpus(cfg, self.dist.is_main)
+        fresh = self.ckpts.resume_path(cfg.train.resume) is None
+        self.model = build.initialized_model(cfg, self.corpus.tokenizer.vocab_size, fresh, self._first_batch)
+        build.reseed_dropout(cfg.train.seed, self.dist.rank)
+        self.precision, self.optimizer = build.place_and_optimize(self.model, cfg, self.device)
         self.state = TrainState()
         self.resumed_from = self._maybe_resume()
         self.net: nn.Module = self._wrap(self.model)
-        self.logger = RunLogger(self.run_dir if self.dist.is_main else None)
-        self.metrics_log = MetricsLog(self.run_dir if self.dist.is_main else None, self.state.step)
-        self.probe = self._output_probe()
+        main_dir = self.run_dir if self.dist.is_main else None  # rank 0 alone writes
+        self.report = Reporter(main_dir, self.state.step, cfg.train.log_every_updates)
+        self.probe = build.output_probe(self.model, self.corpus, cfg.train, self.state.step, self.device)
         self.progress = Progress(
             self.dist.is_main and cfg.train.progress, cfg.train.max_updates or None, self.state.step,
             cfg.train.log_every_updates,
@@ -165,34 +111,16 @@ class Trainer:
         self._validated_at = -1  # update of the latest validation (never validate twice at one update)
         self._saved_state: TrainState | None = None  # what checkpoint_last.pt holds (never write it twice)
         self._last_valid_time = self.state.train_seconds
-        self._window = (0.0, time.perf_counter())  # tokens and start time of the throughput window
         self.losses: list[float] = []  # per-update train loss of this process (tests compare these)
 
     def close(self) -> None:
-        if hasattr(self, "logger"):
-            self.logger.close()  # also when training diverged: flush what TensorBoard has
-        if hasattr(self, "metrics_log"):
-            self.metrics_log.close()
+        if hasattr(self, "report"):
+            self.report.close()
         self.ckpts.close()
 
     # ----------------------------------------------------------------- setup
-    def _prepare_data(self):
-        """Rank 0 trains/caches the vocabulary first; the other ranks then read its cache."""
-        if not self.dist.is_main:
-            distributed.barrier()
-        corpus = prepare_data(self.cfg.data, seed=self.cfg.train.seed)
-        if self.dist.is_main:
-            distributed.barrier()
-        return corpus
-
     def _wrap(self, model: nn.Module) -> nn.Module:
-        net = model
-        if self.cfg.train.compile:
-            net = torch.compile(net, dynamic=True)  # token-bucketed batches change shape every step
-        if self.dist.enabled and not sharding.is_sharded(model):
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            net = nn.parallel.DistributedDataParallel(net, device_ids=ids)
-        return net
+        return build.wrap(model, self.cfg.train.compile, self.dist, self.device)
 
     def _maybe_resume(self) -> Path | None:
         """Continue from checkpoint_last.pt (or train.resume) when its trajectory matches ours."""
@@ -214,39 +142,20 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------ checkpoints
-    def _payload(self, rngs: list[dict[str, Any]]) -> dict[str, Any]:
-        model_state, optim_state = sharding.state_dicts(self.model, self.optimizer)  # FSDP: gathered on rank 0
-        return {
-            "model": model_state,
-            "optimizer": optim_state,
-            "optimizer_name": type(self.optimizer).__name__,
-            "train_state": dataclasses.asdict(self.state),
-            "step": self.state.step,
-            "epoch": self.state.epoch,
-            "rng": rngs,
-            "scaler": self.precision.state_dict(),
-            "world_size": self.dist.world_size,
-            "config": dataclasses.asdict(self.cfg),
-            "spm_model": self.corpus.tokenizer.model_bytes,
-            "vocab_size": self.corpus.tokenizer.vocab_size,
-            "metrics": {"best_bleu": self.state.best_bleu},
-            "git_sha": git_sha(),
-        }
-
     def save(self, best: bool = False, numbered_epoch: int | None = None) -> None:
         """checkpoint_last.pt unless it already holds this very state; best/numbered weights-only copies.
 
-        Only the last checkpoint resumes, so only it carries the optimizer, RNG and iterator
-        state; best and numbered ones are for evaluation and averaging, and without Adam's two
-        moments they are a third of the size (4 GB instead of 13 GB at 200+200 layers, d 512).
-        Every rank calls this: each one's RNG state goes into the checkpoint (and under FSDP each
-        one's shards); ``_validate`` gives every rank the same state, so all decide alike.
+        Only the last checkpoint resumes, so only it carries the optimizer, RNG and iterator state; without
+        Adam's moments best and numbered ones are a third of the size (4 GB, not 13, at 200+200 layers, d 512).
+        Every rank calls this: each one's RNG state (and FSDP shards) go in; ``_validate`` keeps states alike.
         """
         rngs = distributed.gather_to_main(rng_state(self.device))
         write_last = self.state != self._saved_state
         self._saved_state = dataclasses.replace(self.state)
         if write_last or best or numbered_epoch is not None:
-            self.ckpts.save(self._payload(rngs), write_last, best, numbered_epoch)
+            payload = checkpoint_payload(self.model, self.optimizer, self.state, self.precision, self.cfg,
+                                         self.corpus.tokenizer, self.dist.world_size, rngs)  # fmt: skip
+            self.ckpts.save(payload, write_last, best, numbered_epoch)
 
     # ------------------------------------------------------------------ step
     def train_step(self, batches: list[Batch], record_layers: bool = False) -> dict[str, float]:
@@ -296,17 +205,11 @@ class Trainer:
         metrics["train/skipped_steps"] = float(self.state.skipped_steps)
         return {**metrics, **loss_metrics(loss_sum, nll_sum, ntokens)}
 
-    def _check_finite(self) -> None:
-        if self.state.bad_steps >= self.cfg.train.max_bad_steps:
-            raise TrainingDiverged(
-                f"{self.state.bad_steps} consecutive non-finite steps at update {self.state.step} "
-                f"(epoch {self.state.epoch}); {self.ckpts.last_good()}. Lower optim.lr or set optim.clip_norm."
-            )
-
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, Any]:
         """Epochs of updates until the budget is spent or a signal arrives; then validate and save."""
-        self._log_start()
+        n_params = sum(p.numel() for p in self.model.parameters())
+        self.report.start(self.run_dir, self.cfg, n_params, self.device, self.precision.name, self.dist.world_size)
         with StopSignal() as stop:
             try:
                 while not self._should_stop(stop):
@@ -317,7 +220,7 @@ class Trainer:
                     if self.state.batch_in_epoch >= len(batches):
                         self._end_epoch()
             except TrainingDiverged:
-                self._log_end("diverged")
+                self.report.end(self.state.step, "diverged", self.state.train_seconds)
                 raise
         self.progress.close()
         return self._finish(stop)
@@ -329,13 +232,6 @@ class Trainer:
             seed=self.cfg.train.seed, epoch=self.state.epoch if epoch is None else epoch,
             rank=self.dist.rank if rank is None else rank, world_size=self.dist.world_size,
         )  # fmt: skip
-
-    def _output_probe(self) -> OutputChange | None:
-        """The output-change probe on the first ``probe_sentences`` valid pairs, while updates remain to probe."""
-        t, valid = self.cfg.train, self.corpus.splits["valid"]
-        if self.state.step >= t.probe_updates or len(valid) == 0:
-            return None
-        return OutputChange(self.model, collate(valid, list(range(min(t.probe_sentences, len(valid))))), self.device)
 
     def _first_batch(self) -> Batch:
         """The first training batch of rank 0, for schemes that profile the model (Admin): the same
@@ -358,11 +254,11 @@ class Trainer:
         if applied and self.probe is not None and self.state.step <= t.probe_updates:
             metrics.update(self.probe.measure(self.model))
         event = "update" if applied else "skipped"  # skipped: a non-finite step (or an fp16 overflow)
-        self.metrics_log.write(event, self.state.step, {"epoch": self.state.epoch, **metrics})
-        self._check_finite()
+        self.report.update(event, self.state.step, self.state.epoch, metrics)
+        self.state.check_finite(self.cfg.train.max_bad_steps, self.ckpts.last_good)
         if self.on_update is not None:
             self.on_update(self, metrics)
-        self._log_scalars(metrics, force=record)
+        self.report.scalars(self.state.step, self.state.epoch, metrics, force=record)
         self.progress.update(self.state.step, self.state.epoch, metrics)
 
     def _validate_and_save_if_due(self) -> None:
@@ -394,34 +290,20 @@ class Trainer:
         return distributed.all_reduce_sum(local, self.device) > 0
 
     def _validate(self) -> bool:
-        """Validate (rank 0) unless this update already was; True when BLEU improved (the caller saves)."""
+        """Validate (rank 0; autocast for bf16 only) unless this update already was; True when BLEU improved."""
         if self._validated_at == self.state.step:
             return False
         self._validated_at = self.state.step
-        build = functools.partial(build_model, self.cfg.model, self.corpus.tokenizer.vocab_size, PAD)
-        model = sharding.unsharded(self.model, build, self.device)  # FSDP: every rank gathers, rank 0 gets a copy
-        improved = self._validate_on_main(model) if self.dist.is_main else False
-        del model
+        cfg, bf16, main = self.cfg, self.precision.bf16, self.dist.is_main
+        result = validate_on_main(self.model, self.corpus, cfg, self.device, bf16, main)
+        improved = False
+        if result is not None:
+            improved = result.bleu > self.state.best_bleu
+            self.state.best_bleu = max(self.state.best_bleu, result.bleu)
+            self.report.valid(self.state.step, result, self.state.best_bleu, self.state.train_seconds / 60)
         # Every rank keeps the same state (save decides from it) and learns whether this was the best.
         improved, self.state.best_bleu = distributed.broadcast_object((improved, self.state.best_bleu))
-        self._window = (0.0, time.perf_counter())  # validation time is not training throughput
-        return improved
-
-    def _validate_on_main(self, model: Transformer) -> bool:
-        """Validation loss and BLEU, logged; True when BLEU improved."""
-        result = validate(model, self.corpus, self.cfg, self.device, self.bf16)
-        improved = result.bleu > self.state.best_bleu
-        self.state.best_bleu = max(self.state.best_bleu, result.bleu)
-        minutes = self.state.train_seconds / 60
-        metrics = {**result.metrics, "valid/best_bleu": self.state.best_bleu, "valid/train_minutes": minutes}
-        self.logger.scalars(metrics, self.state.step)
-        self.metrics_log.write("valid", self.state.step, metrics)
-        self.logger.translations("valid/samples", result.samples, self.state.step)
-        log.info(
-            "validation at update %d (%.1f train min): loss %.3f | BLEU %.2f (best %.2f) | %s",
-            self.state.step, minutes, result.metrics["valid/loss"], result.bleu, self.state.best_bleu,
-            result.signature,
-        )  # fmt: skip
+        self.report.restart_window()  # validation time is not training throughput
         return improved
 
     def _finish(self, stop: StopSignal) -> dict[str, Any]:
@@ -429,42 +311,11 @@ class Trainer:
         improved = stop.received is None and self._validate()
         self.save(best=improved)
         if stop.received is not None:
-            log.warning(
-                "stopped by %s at update %d; wrote %s; re-run the same command to resume",
-                stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt",
-            )  # fmt: skip
-        self._log_end("completed" if stop.received is None else f"stopped by {stop.received}")
-        final = {"hparam/best_bleu": self.state.best_bleu, "hparam/updates": self.state.step}
-        self.logger.hparams(hparams(self.cfg), final)
-        return {
-            "best_bleu": self.state.best_bleu,
-            "step": self.state.step,
-            "epoch": self.state.epoch,
-            "losses": self.losses,
-            "stopped_by": stop.received,
-            "train_seconds": self.state.train_seconds,
-        }
-
-    # --------------------------------------------------------------- logging
-    def _log_scalars(self, metrics: dict[str, float], force: bool) -> None:
-        """TensorBoard scalars every ``log_every_updates`` (and with layer stats), with tokens/s."""
-        tokens, start = self._window
-        tokens += metrics["train/ntokens"]
-        self._window = (tokens, start)
-        if self.state.step % self.cfg.train.log_every_updates == 0 or force:
-            metrics["train/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
-            self._window = (0.0, time.perf_counter())
-            self.logger.scalars({**metrics, "train/epoch": self.state.epoch}, self.state.step)
-
-    def _log_end(self, status: str) -> None:
-        self.metrics_log.write("end", self.state.step, {"status": status, "train_seconds": self.state.train_seconds})
-
-    def _log_start(self) -> None:
-        n_params = sum(p.numel() for p in self.model.parameters()) / 1e6
-        log.info(
-            "run folder %s | %s | %.2fM params | device %s %s | %d rank(s)",
-            self.run_dir, describe(self.cfg), n_params, self.device, self.precision.name, self.dist.world_size,
-        )  # fmt: skip
+            self.report.stopped(stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt")
+        status = "completed" if stop.received is None else f"stopped by {stop.received}"
+        self.report.end(self.state.step, status, self.state.train_seconds)
+        self.report.final(self.cfg, self.state.best_bleu, self.state.step)
+        return {**self.state.summary(), "losses": self.losses, "stopped_by": stop.received}
 
 
 def loss_metrics(loss_sum: float, nll_sum: float, ntokens: float) -> dict[str, float]:
@@ -475,29 +326,6 @@ def loss_metrics(loss_sum: float, nll_sum: float, ntokens: float) -> dict[str, f
         "train/nll_loss": nll_sum * bits,
         "train/ppl": 2 ** min(nll_sum * bits, 100.0),
         "train/ntokens": ntokens,
-    }
-
-
-def describe(cfg: Config) -> str:
-    """``experiment | 6+6 layers d512 norm=none init=tfixup``: the run in one phrase."""
-    m = cfg.model
-    layers = f"{m.encoder_layers}+{m.decoder_layers} layers d{m.d_model}"
-    return f"{cfg.experiment} | {layers} norm={m.norm} init={cfg.init.name}"
-
-
-def hparams(cfg: Config) -> dict[str, Any]:
-    """The HParams-tab columns: what a comparison of runs varies."""
-    return {
-        "experiment": cfg.experiment,
-        "norm": cfg.model.norm,
-        "init": cfg.init.name,
-        "encoder_layers": cfg.model.encoder_layers,
-        "decoder_layers": cfg.model.decoder_layers,
-        "d_model": cfg.model.d_model,
-        "lr": cfg.optim.lr,
-        "warmup_updates": cfg.optim.warmup_updates,
-        "seed": cfg.train.seed,
-        "data": cfg.data.name,
     }
 
 

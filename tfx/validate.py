@@ -1,18 +1,20 @@
-"""Validation: teacher-forced loss and detokenized BLEU (sacrebleu) on the valid split."""
+"""Validation: teacher-forced loss and detokenized BLEU (sacrebleu) on the valid split, on rank 0."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
+from tfx import sharding
 from tfx.bleu import corpus_bleu
 from tfx.config import Config
 from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, Corpus, collate, make_batches
 from tfx.decode import translate_sentences
-from tfx.model import Transformer
+from tfx.model import Transformer, build_model
 
 N_SAMPLES = 5  # sample translations shown in TensorBoard
 
@@ -63,3 +65,15 @@ def validate(model: Transformer, corpus: Corpus, cfg: Config, device: torch.devi
     metrics["valid/chrf"] = bleu.chrf
     samples = list(zip(sources[:N_SAMPLES], refs[:N_SAMPLES], hyps[:N_SAMPLES], strict=True))
     return ValidResult(metrics, bleu.score, bleu.signature, samples)
+
+
+def validate_on_main(
+    model: Transformer, corpus: Corpus, cfg: Config, device: torch.device, bf16: bool, is_main: bool
+) -> ValidResult | None:
+    """Every rank calls this (gathering an FSDP model is a collective); rank 0 validates, the others get None.
+
+    Sharded, rank 0 validates a full copy (``sharding.unsharded``), freed when this returns.
+    """
+    build = functools.partial(build_model, cfg.model, corpus.tokenizer.vocab_size, PAD)
+    plain = sharding.unsharded(model, build, device)
+    return validate(plain, corpus, cfg, device, bf16) if is_main else None

@@ -1,0 +1,97 @@
+"""What a run is built from, in the order ``Trainer`` calls it: data -> model -> init -> optimizer -> wrapper.
+
+Building and initializing are separate steps (STYLE.md): ``build_model`` makes the modules, ``apply_init``
+sets their values, and only then is the optimizer made over the (placed, maybe sharded)
+parameters. A resumed run skips the init: every weight comes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from tfx import distributed, sharding
+from tfx.config import Config, TrainConfig
+from tfx.data import PAD, Batch, Corpus, collate, prepare_data
+from tfx.diagnostics import OutputChange
+from tfx.distributed import DistInfo
+from tfx.init import NEEDS_BATCH, apply_init
+from tfx.model import Transformer, build_model
+from tfx.optim import build_optimizer
+from tfx.precision import Precision
+
+# Ranks start from identical weights (the init is seeded with train.seed on every rank), then
+# draw different dropout masks: rank r > 0 reseeds its stream with seed + r * this stride.
+DROPOUT_SEED_STRIDE = 1_000_003
+
+
+def seed_everything(t: TrainConfig) -> None:
+    """Threads and the torch/python seeds, before anything draws a random number."""
+    if t.threads > 0:
+        torch.set_num_threads(t.threads)
+    torch.manual_seed(t.seed)
+    random.seed(t.seed)
+
+
+def prepare_corpus(cfg: Config, is_main: bool) -> Corpus:
+    """Rank 0 trains/caches the vocabulary first; the other ranks then read its cache."""
+    if not is_main:
+        distributed.barrier()
+    corpus = prepare_data(cfg.data, seed=cfg.train.seed)
+    if is_main:
+        distributed.barrier()
+    return corpus
+
+
+def initialized_model(cfg: Config, vocab_size: int, fresh: bool, first_batch: Callable[[], Batch]) -> Transformer:
+    """The model, initialized by ``cfg.init`` unless resuming (``fresh=False``).
+
+    A resumed run reads every weight (Admin's omega too) from its checkpoint: no init, no profiling.
+    ``first_batch`` is called only for schemes that profile the model on data (Admin).
+    """
+    model = build_model(cfg.model, vocab_size, PAD)
+    if fresh:
+        batch = first_batch() if cfg.init.name in NEEDS_BATCH else None
+        apply_init(model, cfg.init.name, seed=cfg.train.seed, batch=batch)
+    return model
+
+
+def reseed_dropout(seed: int, rank: int) -> None:
+    """After the (identical) init: rank r > 0 draws its own dropout masks."""
+    if rank > 0:
+        torch.manual_seed(seed + DROPOUT_SEED_STRIDE * rank)
+
+
+def place_and_optimize(
+    model: Transformer, cfg: Config, device: torch.device
+) -> tuple[Precision, torch.optim.Optimizer]:
+    """Move (and under FSDP shard) the model, then build the optimizer over the parameters it ends up with."""
+    model.to(device)
+    precision = Precision(cfg.train.precision, device)
+    if cfg.train.strategy == "fsdp":  # before the optimizer, which must hold the sharded parameters
+        sharding.shard(model, device, precision.bf16)
+    return precision, build_optimizer(model, cfg.optim, device)
+
+
+def wrap(model: nn.Module, compile: bool, dist: DistInfo, device: torch.device) -> nn.Module:
+    """What the step calls: ``torch.compile`` and/or DDP around the model (FSDP shards in place instead)."""
+    net = model
+    if compile:
+        net = torch.compile(net, dynamic=True)  # token-bucketed batches change shape every step
+    if dist.enabled and not sharding.is_sharded(model):
+        ids = [device.index] if device.type == "cuda" else None
+        net = nn.parallel.DistributedDataParallel(net, device_ids=ids)
+    return net
+
+
+def output_probe(
+    model: Transformer, corpus: Corpus, t: TrainConfig, step: int, device: torch.device
+) -> OutputChange | None:
+    """The output-change probe on the first ``probe_sentences`` valid pairs, while updates remain to probe."""
+    valid = corpus.splits["valid"]
+    if step >= t.probe_updates or len(valid) == 0:
+        return None
+    return OutputChange(model, collate(valid, list(range(min(t.probe_sentences, len(valid))))), device)

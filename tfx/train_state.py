@@ -1,0 +1,96 @@
+"""What a run's checkpoint_last.pt restores: the loop's counters (``TrainState``) and the whole payload.
+
+The weights and optimizer moments come from ``tfx.sharding.state_dicts`` (gathered on rank 0 under
+FSDP); this file says what else a checkpoint of a run holds, so that resume continues the same
+trajectory (``tfx.run_checkpoints`` checks it) and evaluation can rebuild the model and tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from tfx import sharding
+from tfx.checkpoint import git_sha
+from tfx.config import Config, TrainConfig
+from tfx.data import Tokenizer
+from tfx.precision import Precision, StepOutcome
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive non-finite steps (message names the step and the last good checkpoint)."""
+
+
+@dataclass
+class TrainState:
+    """Everything besides weights and optimizer moments that resume needs."""
+
+    step: int = 0  # updates applied
+    epoch: int = 1  # current epoch (1-based)
+    batch_in_epoch: int = 0  # index of this rank's next batch in the current epoch
+    train_seconds: float = 0.0  # wall time spent in training steps (validation excluded)
+    best_bleu: float = -1.0
+    bad_steps: int = 0  # consecutive non-finite steps
+    skipped_steps: int = 0  # all non-finite steps so far
+    overflow_steps: int = 0  # fp16 updates skipped by the loss scaler (not divergence; not in bad_steps)
+
+    def record(self, outcome: StepOutcome) -> None:
+        """Count an applied update, an fp16 overflow (the scaler's business) or a non-finite step."""
+        if outcome.applied:
+            self.step += 1
+            self.bad_steps = 0
+        elif outcome.overflow:
+            self.overflow_steps += 1
+        else:
+            self.bad_steps += 1
+            self.skipped_steps += 1
+
+    def budget_left(self, t: TrainConfig) -> bool:
+        """Whether max_updates, max_epochs and max_minutes (0 = unlimited) all leave room."""
+        if t.max_updates and self.step >= t.max_updates:
+            return False
+        if t.max_epochs and self.epoch > t.max_epochs:
+            return False
+        return not (t.max_minutes and self.train_seconds >= 60 * t.max_minutes)
+
+    def check_finite(self, max_bad_steps: int, last_good: Callable[[], str]) -> None:
+        """Stop a run that only makes non-finite steps; ``last_good()`` says which checkpoint to go back to."""
+        if self.bad_steps >= max_bad_steps:
+            raise TrainingDiverged(
+                f"{self.bad_steps} consecutive non-finite steps at update {self.step} "
+                f"(epoch {self.epoch}); {last_good()}. Lower optim.lr or set optim.clip_norm."
+            )
+
+    def summary(self) -> dict[str, Any]:
+        """What ``train()`` returns about where the run ended."""
+        return {"best_bleu": self.best_bleu, "step": self.step, "epoch": self.epoch,
+                "train_seconds": self.train_seconds}
+
+
+def checkpoint_payload(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState, precision: Precision, cfg: Config,
+    tokenizer: Tokenizer, world_size: int, rngs: list[dict[str, Any]],
+) -> dict[str, Any]:  # fmt: skip
+    """checkpoint_last.pt's contents (``CheckpointManager.save`` strips best/numbered copies to the weights)."""
+    model_state, optim_state = sharding.state_dicts(model, optimizer)  # FSDP: gathered on rank 0
+    return {
+        "model": model_state,
+        "optimizer": optim_state,
+        "optimizer_name": type(optimizer).__name__,
+        "train_state": dataclasses.asdict(state),
+        "step": state.step,
+        "epoch": state.epoch,
+        "rng": rngs,
+        "scaler": precision.state_dict(),
+        "world_size": world_size,
+        "config": dataclasses.asdict(cfg),
+        "spm_model": tokenizer.model_bytes,
+        "vocab_size": tokenizer.vocab_size,
+        "metrics": {"best_bleu": state.best_bleu},
+        "git_sha": git_sha(),
+    }
