@@ -78,15 +78,14 @@ BUGS = [
     Bug("embed-scale", "no sqrt(d) embedding scale", "tfx/model/transformer.py", [
         ("self.scale = math.sqrt(embed.embedding_dim)", "self.scale = 1.0"),
     ], ["tests/model/"]),
-    Bug("ddp-world-size", "DDP: no world-size factor on the loss", "tfx/train.py", [
-        ("loss * self.dist.world_size / max(ntokens, 1.0)", "loss / max(ntokens, 1.0)"),
+    Bug("ddp-world-size", "DDP: no world-size factor on the loss", "tfx/step.py", [
+        ("loss * self.world_size / denominator", "loss / denominator"),
     ], wiring(TWO_RANKS)),
-    Bug("ddp-local-tokens", "DDP: loss divided by this rank's tokens (no all-reduce)", "tfx/train.py", [
-        ("ntokens = distributed.all_reduce_sum(sum(b.ntokens for b in batches), self.device)",
-         "ntokens = sum(b.ntokens for b in batches)"),
+    Bug("ddp-local-tokens", "DDP: loss divided by this rank's tokens (no all-reduce)", "tfx/step.py", [
+        ("return distributed.all_reduce_sum(on_device, self.device)", "return on_device"),
     ], wiring(TWO_RANKS)),
-    Bug("no-token-norm", "loss not divided by the update's token count", "tfx/train.py", [
-        ("loss * self.dist.world_size / max(ntokens, 1.0)", "loss * self.dist.world_size"),
+    Bug("no-token-norm", "loss not divided by the update's token count", "tfx/step.py", [
+        ("loss * self.world_size / denominator", "loss * self.world_size"),
     ], wiring(FIRST_UPDATE, TWO_RANKS)),
     Bug("diag-sum", "diagnostics sum per-tensor norms instead of the L2 norm", "tfx/diagnostics.py", [
         ("return torch.stack(norms).norm() if norms", "return torch.stack(norms).sum() if norms"),
@@ -99,12 +98,13 @@ BUGS = [
         ('    if first.get("spm_model") != other.get("spm_model"):\n'
          '        return "their sentencepiece models differ"\n', ""),
     ], AVERAGE),
-    Bug("train-smoothing", "trainer ignores optim.label_smoothing (uses 0.1)", "tfx/train.py", [
-        ("label_smoothed_loss(logits, batch.target, opt.label_smoothing, PAD)",
+    Bug("train-smoothing", "trainer ignores optim.label_smoothing (uses 0.1)", "tfx/step.py", [
+        ("label_smoothed_loss(logits, batch.target, self.opt.label_smoothing, PAD)",
          "label_smoothed_loss(logits, batch.target, 0.1, PAD)"),
     ], wiring(FIRST_UPDATE)),
     Bug("train-schedule-from-1", "schedule indexed from update 1", "tfx/train.py", [
-        ("lr = lr_at(self.state.step, opt)", "lr = lr_at(self.state.step + 1, opt)"),
+        ("lr = lr_at(self.state.step + len(self._pending), self.cfg.optim)",
+         "lr = lr_at(self.state.step + len(self._pending) + 1, self.cfg.optim)"),
     ], wiring("schedule_starts_at_update_zero")),
     Bug("best-always", "checkpoint_best.pt written at every validation", "tfx/train.py", [
         ("improved = result.bleu > self.state.best_bleu", "improved = True"),

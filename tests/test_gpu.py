@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import tfx.train as train_mod
+import tfx.step as step_mod
 from tests.conftest import GPU_TEST_DEVICE, REPO
 from tests.test_train import TINY_OVERRIDES, tiny_cfg
 from tfx.checkpoint import build_from_checkpoint, load_checkpoint
@@ -39,14 +39,14 @@ def test_bf16_training(tmp_path: Path) -> None:
 
 def test_fp16_training_with_loss_scaling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two injected overflows are skipped (scale 65536 -> 16384), not counted as divergence; the run still learns."""
-    real, calls = train_mod.label_smoothed_loss, [0]
+    real, calls = step_mod.label_smoothed_loss, [0]
 
     def overflow_twice(*args, **kwargs):
         calls[0] += 1
         loss, nll = real(*args, **kwargs)
         return (loss * 1e6 if calls[0] <= 2 else loss), nll  # finite in fp32, inf once fp16 gradients
 
-    monkeypatch.setattr(train_mod, "label_smoothed_loss", overflow_twice)
+    monkeypatch.setattr(step_mod, "label_smoothed_loss", overflow_twice)
     cfg = tiny_cfg(tmp_path, device=DEVICE, precision="fp16", max_updates=20, max_bad_steps=1)
     summary = train(cfg, tmp_path / "run")
     assert summary["step"] == 20 and _falls(summary["losses"][2:])

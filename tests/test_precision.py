@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import tfx.train as train_mod
+import tfx.step as step_mod
 from tests.conftest import random_batch, tiny_model
 from tests.test_train import tiny_cfg
 from tfx.checkpoint import load_checkpoint
@@ -162,14 +162,14 @@ OVERFLOWS = 3
 
 def _overflow_first_steps(monkeypatch: pytest.MonkeyPatch, n: int = OVERFLOWS) -> None:
     """Multiply the first ``n`` losses by 1e6: finite in fp32, but their fp16 gradients overflow (inf)."""
-    real, calls = train_mod.label_smoothed_loss, [0]
+    real, calls = step_mod.label_smoothed_loss, [0]
 
     def overflowing(*args, **kwargs):
         calls[0] += 1
         loss, nll = real(*args, **kwargs)
         return (loss * 1e6 if calls[0] <= n else loss), nll
 
-    monkeypatch.setattr(train_mod, "label_smoothed_loss", overflowing)
+    monkeypatch.setattr(step_mod, "label_smoothed_loss", overflowing)
 
 
 def test_fp16_training_skips_overflows_without_counting_them_as_divergence(

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import tfx.train as train_mod
+import tfx.step as step_mod
 from tests.test_train import free_port, join_two_ranks, tiny_cfg
 from tfx import average, sharding, translate
 from tfx.checkpoint import load_checkpoint
@@ -59,20 +59,20 @@ def _run(cfg: Config, run_dir: Path, seen: dict[str, list[float]] | None = None)
 def _poisoned_on_rank_1(rank: int, cfg: Config, run_dir: Path) -> tuple[str, list[float]]:
     """Rank 1's loss is NaN: the global grad norm is NaN on both ranks, so both skip, then both stop;
     under fp16 both scalers see the overflow and halve the scale. Returns the error and the scales."""
-    real = train_mod.label_smoothed_loss
+    real = step_mod.label_smoothed_loss
 
     def poisoned(*args, **kwargs):
         loss, nll = real(*args, **kwargs)
         return (loss * float("nan") if rank == 1 else loss), nll
 
-    train_mod.label_smoothed_loss = poisoned
+    step_mod.label_smoothed_loss = poisoned
     seen: dict[str, list[float]] = {"loss": [], "grad_norm": [], "loss_scale": [], "layers": []}
     try:
         _run(cfg, run_dir, seen)
     except TrainingDiverged as err:
         return str(err), seen["loss_scale"]
     finally:
-        train_mod.label_smoothed_loss = real
+        step_mod.label_smoothed_loss = real
     return "did not stop", seen["loss_scale"]
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+import tfx.step as step_mod
 import tfx.train as train_mod
 from tfx.checkpoint import CheckpointError, load_checkpoint
 from tfx.config import Config, DataConfig, InitConfig, ModelConfig, OptimConfig, TrainConfig
@@ -192,13 +193,13 @@ def test_tensorboard_tags(tmp_path: Path) -> None:
 def test_non_finite_steps_are_skipped_then_stop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str
 ) -> None:
-    real = train_mod.label_smoothed_loss
+    real = step_mod.label_smoothed_loss
 
     def poisoned(*args, **kwargs):
         loss, nll = real(*args, **kwargs)
         return loss * float("nan"), nll
 
-    monkeypatch.setattr(train_mod, "label_smoothed_loss", poisoned)
+    monkeypatch.setattr(step_mod, "label_smoothed_loss", poisoned)
     with pytest.raises(TrainingDiverged, match="3 consecutive non-finite steps at update 0"):
         train(tiny_cfg(tmp_path, precision=precision, max_bad_steps=3), tmp_path / "run")
     records = read_metrics(tmp_path / "run" / FILENAME)

@@ -17,6 +17,7 @@ from tfx.model.residual import RESIDUALS
 from tfx.optim import OPTIMIZERS
 
 DATA_SOURCES = ("toy", "local", "hub")
+BATCHINGS = ("padded", "packed")  # tfx/data/batching.py, tfx/data/packing.py
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # tfx/precision.py says what each does
 STRATEGIES = ("ddp", "fsdp")  # tfx/sharding.py says what fsdp does
 
@@ -69,6 +70,10 @@ class DataConfig:
     cache_dir: str = "data/cache"  # sentencepiece models and encoded corpora, relative to the cwd
     # batching and filtering
     max_tokens: int = 4096  # token budget per batch (max(src,tgt) padded length x sentences)
+    # padded: one sentence per row, padded to the batch's longest (hundreds of shapes per epoch) |
+    # packed: pairs end to end in rows of pack_length tokens, one batch shape per run (tfx/data/packing.py)
+    batching: str = "padded"
+    pack_length: int = 0  # packed row length in tokens; 0 = the longest training sentence, rounded up to 8
     max_sentences: int | None = None  # optional cap on sentences per batch
     max_source_positions: int = 1024  # drop training pairs with longer sources (tokens incl. EOS)
     max_target_positions: int = 1024  # drop training pairs with longer targets (tokens incl. EOS)
@@ -86,6 +91,8 @@ class DataConfig:
         _require(self.spm_model_type in ("bpe", "unigram"), "data.spm_model_type: use bpe or unigram")
         _require(0.0 < self.spm_character_coverage <= 1.0, "data.spm_character_coverage must be in (0, 1]")
         _require(self.max_tokens > 0, "data.max_tokens must be positive")
+        _require(self.batching in BATCHINGS, f"data.batching={self.batching!r}: use one of {BATCHINGS}")
+        _require(self.pack_length >= 0, "data.pack_length must be >= 0 (0 = the longest training sentence)")
         _require(self.max_sentences is None or self.max_sentences > 0, "data.max_sentences must be positive")
         _require(
             self.max_source_positions > 1 and self.max_target_positions > 1,

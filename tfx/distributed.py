@@ -113,8 +113,13 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce_sum(value: float, device: torch.device) -> float:
+def all_reduce_sum(value: float | torch.Tensor, device: torch.device) -> float | torch.Tensor:
+    """The sum over ranks: a number comes back as a number (a host sync), a device tensor as a tensor
+    reduced in place on the device (none)."""
     if not dist.is_initialized():
+        return value
+    if isinstance(value, torch.Tensor):
+        dist.all_reduce(value)
         return value
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t)

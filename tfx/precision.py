@@ -71,11 +71,29 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """What one update did."""
+    """What one update did: 0-d device tensors straight from ``Precision.step`` (reading them syncs), or
+    plain numbers once the trainer has read them."""
 
-    grad_norm: float  # of the unscaled gradients, before clipping (inf/NaN on a bad or overflow step)
-    applied: bool  # the optimizer stepped
-    overflow: bool  # fp16: skipped because the scaled gradients overflowed; the scale was lowered
+    grad_norm: torch.Tensor | float  # of the unscaled gradients, before clipping (inf/NaN on a bad step)
+    applied: torch.Tensor | bool  # the optimizer stepped
+    overflow: torch.Tensor | bool  # fp16: skipped because the scaled gradients overflowed; the scale was lowered
+
+
+def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """``optimizer.step()`` unless ``skip`` (a 0-d bool tensor), decided on the device where it can be.
+
+    Fused Adam takes a ``found_inf`` tensor and, when it is non-zero, leaves the weights, moments and
+    step count as they were (the hook ``GradScaler`` uses): no host sync. Other optimizers (foreach
+    RAdam) have no such input, so the host reads ``skip`` (one sync per update).
+    """
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.found_inf = skip.to(torch.float32)
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    elif not bool(skip):
+        optimizer.step()
 
 
 class Precision:
@@ -109,32 +127,51 @@ class Precision:
 
     def unscale_and_clip(
         self, optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float
-    ) -> float:
+    ) -> torch.Tensor:
         """Divide the gradients by the loss scale (first, so the clip threshold means what it says), then clip.
 
-        Returns the total norm before clipping (non-finite on overflow). Under FSDP the gradients are
-        ``DTensor`` shards: the norm is reduced over all of them (the global norm, the same on every
-        rank), and so is the scaler's "found inf" (torch's DTensor takes the max over ranks), so
-        every rank skips an update that overflowed in any shard.
+        Returns the total norm before clipping as a 0-d tensor on the device (non-finite on overflow;
+        nothing is read on the host). ``max_norm=inf`` computes the norm only: clipping would multiply
+        every gradient by 1. Under FSDP the gradients are ``DTensor`` shards: the norm is reduced over
+        all of them (the global norm, the same on every rank), and so is the scaler's "found inf"
+        (torch's DTensor takes the max over ranks), so every rank skips an update that overflowed in
+        any shard.
         """
         self.scaler.unscale_(optimizer)  # a no-op when disabled
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
+        params = [p for p in params if p.grad is not None]
+        if math.isinf(max_norm):
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        full = getattr(norm, "full_tensor", None)  # a DTensor under FSDP: the replicated value
+        return full() if full is not None else norm
 
-    def step(self, optimizer: torch.optim.Optimizer, grad_norm: float, loss_finite: bool) -> StepOutcome:
-        """Apply the update unless the gradients are not finite; under fp16 also update the scale."""
-        finite = math.isfinite(grad_norm)
+    def step(
+        self, optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor, loss_finite: torch.Tensor | bool
+    ) -> StepOutcome:
+        """Apply the update unless the gradients are not finite; under fp16 also update the scale.
+
+        Decided on the device (``step_unless``; the scaler's own ``found_inf`` under fp16), so the
+        outcome's fields are device tensors: the trainer reads them with the update's metrics.
+        """
+        grad_norm = torch.as_tensor(grad_norm)
+        finite = torch.isfinite(grad_norm)
         if not self.scaling:
-            if finite:
-                optimizer.step()
-            return StepOutcome(grad_norm, applied=finite, overflow=False)
+            step_unless(optimizer, ~finite)
+            return StepOutcome(grad_norm, applied=finite, overflow=torch.zeros_like(finite))
         self.scaler.step(optimizer)  # skips the update itself when unscale_ found inf/NaN
         self.scaler.update()  # halves the scale after an overflow, doubles it after growth_interval clean steps
-        overflow = not finite and loss_finite and self.loss_scale >= MIN_LOSS_SCALE
+        in_range = self.scaler._get_scale_async() >= MIN_LOSS_SCALE  # noqa: SLF001 - the scale without a sync
+        overflow = ~finite & torch.as_tensor(loss_finite, device=finite.device) & in_range.to(finite.device)
         return StepOutcome(grad_norm, applied=finite, overflow=overflow)
+
+    def scale_tensor(self) -> torch.Tensor | None:
+        """The loss scale as a device tensor (read with the metrics); None without fp16."""
+        return self.scaler._get_scale_async() if self.scaling else None  # noqa: SLF001
 
     @property
     def loss_scale(self) -> float:
-        """The current loss scale (1.0 without fp16)."""
+        """The current loss scale (1.0 without fp16); reading it syncs."""
         return float(self.scaler.get_scale()) if self.scaling else 1.0
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,7 +10,6 @@ alone logs and writes).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -18,26 +17,25 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from tfx import build, distributed, sharding
 from tfx.checkpoint import CheckpointError
 from tfx.config import CONF_DIR, Config, register_configs
-from tfx.criterion import label_smoothed_loss
-from tfx.data import PAD, Batch, DataError, collate, make_batches
-from tfx.diagnostics import ActivationRMS, layer_stats
+from tfx.data import Batch, DataError, collate, make_batches
+from tfx.data.packing import collate_packed, make_packed_batches
 from tfx.distributed import DeviceError
 from tfx.logger import Progress
-from tfx.optim import lr_at, set_lr
-from tfx.precision import PrecisionError
+from tfx.optim import lr_at
+from tfx.precision import PrecisionError, StepOutcome
 from tfx.reporter import Reporter
 from tfx.run_checkpoints import CheckpointManager, our_trajectory, rng_state
 from tfx.sharding import ShardingError
+from tfx.step import Pending, Stepper, loss_metrics, read
 from tfx.train_state import TrainingDiverged, TrainState, checkpoint_payload
 from tfx.validate import validate_on_main
 
@@ -94,6 +92,7 @@ class Trainer:
         cfg = self.cfg
         build.seed_everything(cfg.train)
         self.corpus = build.prepare_corpus(cfg, self.dist.is_main)
+        self.rows = build.packed_rows(cfg.data, self.corpus.splits["train"])  # (rows, src_len, tgt_len) or None
         fresh = self.ckpts.resume_path(cfg.train.resume) is None
         self.model = build.initialized_model(cfg, self.corpus.tokenizer.vocab_size, fresh, self._first_batch)
         build.reseed_dropout(cfg.train.seed, self.dist.rank)
@@ -109,6 +108,7 @@ class Trainer:
             cfg.train.log_every_updates,
         )  # fmt: skip
         self._validated_at = -1  # update of the latest validation (never validate twice at one update)
+        self._pending: list[Pending] = []  # updates queued on the device, not read yet (tfx.step)
         self._saved_state: TrainState | None = None  # what checkpoint_last.pt holds (never write it twice)
         self._last_valid_time = self.state.train_seconds
         self.losses: list[float] = []  # per-update train loss of this process (tests compare these)
@@ -120,7 +120,7 @@ class Trainer:
 
     # ----------------------------------------------------------------- setup
     def _wrap(self, model: nn.Module) -> nn.Module:
-        return build.wrap(model, self.cfg.train.compile, self.dist, self.device)
+        return build.wrap(model, self.cfg.train.compile, self.dist, self.device, packed=self.rows is not None)
 
     def _maybe_resume(self) -> Path | None:
         """Continue from checkpoint_last.pt (or train.resume) when its trajectory matches ours."""
@@ -149,6 +149,7 @@ class Trainer:
         Adam's moments best and numbered ones are a third of the size (4 GB, not 13, at 200+200 layers, d 512).
         Every rank calls this: each one's RNG state (and FSDP shards) go in; ``_validate`` keeps states alike.
         """
+        self._flush()  # a checkpoint holds only counted updates
         rngs = distributed.gather_to_main(rng_state(self.device))
         write_last = self.state != self._saved_state
         self._saved_state = dataclasses.replace(self.state)
@@ -159,51 +160,42 @@ class Trainer:
 
     # ------------------------------------------------------------------ step
     def train_step(self, batches: list[Batch], record_layers: bool = False) -> dict[str, float]:
-        """One update over ``update_freq`` micro-batches; returns a flat metrics dict.
+        """One update over ``update_freq`` micro-batches, read at once into a flat metrics dict.
 
-        The loss is summed over tokens and divided by the token count of the whole update
-        across all ranks (times world size, since DDP averages gradients), so K ranks or
-        K accumulated micro-batches give the same gradient as one big batch.
+        The loop does not read each update: ``_update`` leaves it pending on the device (``tfx.step``).
         """
-        opt = self.cfg.optim
-        ntokens = distributed.all_reduce_sum(sum(b.ntokens for b in batches), self.device)
-        lr = lr_at(self.state.step, opt)
-        set_lr(self.optimizer, lr)
-        # train() walks every module (~40 ms at 200+200 layers), so only when something left the
-        # inner model in eval mode (validation restores it); a DDP/compile wrapper keeps its own flag.
-        if not self.model.training:
-            self.net.train()
-        sums: list[torch.Tensor] = []  # (loss, nll) per micro-batch, read once: no host sync per micro-batch
-        for i, batch in enumerate(batches):
-            if self.device.type == "cuda":
-                batch = batch.pin_memory()  # pinned host memory makes the non_blocking copy truly async
-            batch = batch.to(self.device, non_blocking=True)
-            last = i == len(batches) - 1
-            sharding.sync(self.model, last)  # FSDP: reduce-scatter only after the last micro-batch
-            ddp = isinstance(self.net, nn.parallel.DistributedDataParallel)
-            sync = self.net.no_sync() if ddp and not last else contextlib.nullcontext()
-            recorder = ActivationRMS(self.model) if record_layers and last else None
-            with sync, recorder or contextlib.nullcontext(), self.precision.autocast():
-                logits = self.net(batch.src_tokens, batch.prev_output_tokens)
-                loss, nll = label_smoothed_loss(logits, batch.target, opt.label_smoothing, PAD)
-            self.precision.backward(loss * self.dist.world_size / max(ntokens, 1.0))
-            sums.append(torch.stack([loss.detach(), nll.detach()]))
-        clip = opt.clip_norm if opt.clip_norm > 0 else math.inf
-        grad_norm = self.precision.unscale_and_clip(self.optimizer, self.model.parameters(), clip)
-        loss_sum, nll_sum = torch.stack(sums).double().sum(0).tolist()  # after clip's own sync
-        metrics = {"train/grad_norm": grad_norm, "train/lr": lr}
-        if record_layers:  # per-layer grad norms and activation RMS: what LayerNorm would otherwise hide
-            metrics.update({f"layers/{k}": v for k, v in layer_stats(self.model, recorder).items()})
-        # Reduced before the step so every rank tells an fp16 overflow from a non-finite loss alike.
-        loss_sum = distributed.all_reduce_sum(loss_sum, self.device) / max(ntokens, 1.0)
-        nll_sum = distributed.all_reduce_sum(nll_sum, self.device) / max(ntokens, 1.0)
-        self.state.record(self.precision.step(self.optimizer, grad_norm, loss_finite=math.isfinite(loss_sum)))
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.precision.scaling:
-            metrics["train/loss_scale"] = self.precision.loss_scale
-            metrics["train/overflow_steps"] = float(self.state.overflow_steps)
-        metrics["train/skipped_steps"] = float(self.state.skipped_steps)
-        return {**metrics, **loss_metrics(loss_sum, nll_sum, ntokens)}
+        self._pending.append(self._step(batches, record_layers))
+        ((metrics, _applied),) = self._account(self._read())
+        return metrics
+
+    def _step(self, batches: list[Batch], record_layers: bool) -> Pending:
+        """Queue one update; its lr counts the unread updates as applied (they are, unless non-finite)."""
+        lr = lr_at(self.state.step + len(self._pending), self.cfg.optim)
+        stepper = Stepper(self.model, self.net, self.optimizer, self.precision, self.cfg.optim, self.device,
+                          self.dist.world_size)  # fmt: skip
+        return stepper.update(batches, lr, record_layers)
+
+    def _read(self) -> list[dict[str, float]]:
+        pending, self._pending = self._pending, []
+        tic = time.perf_counter()
+        raw = read(pending)
+        self.state.train_seconds += time.perf_counter() - tic  # the wait for the device is training time
+        return raw
+
+    def _account(self, raw: list[dict[str, float]]) -> Iterator[tuple[dict[str, float], bool]]:
+        """Count each read update (applied, an fp16 overflow or non-finite) and yield its metrics dict:
+        the caller handles one before the next is counted, so each sees the state as of its own update."""
+        for r in raw:
+            applied = bool(r["applied"])
+            self.state.record(StepOutcome(r["grad_norm"], applied, bool(r["overflow"])))
+            metrics = {"train/grad_norm": r["grad_norm"], "train/lr": r["train/lr"],
+                       **{k: v for k, v in r.items() if k.startswith("layers/")}}  # fmt: skip
+            if "loss_scale" in r:
+                metrics["train/loss_scale"] = r["loss_scale"]
+                metrics["train/overflow_steps"] = float(self.state.overflow_steps)
+            metrics["train/skipped_steps"] = float(self.state.skipped_steps)
+            metrics.update(loss_metrics(r["loss"], r["nll"], r["ntokens"]))
+            yield metrics, applied
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, Any]:
@@ -227,48 +219,82 @@ class Trainer:
 
     def _epoch_batches(self, epoch: int | None = None, rank: int | None = None) -> list:
         """This rank's batches of the current epoch (a pure function of seed, epoch and rank)."""
-        return make_batches(
-            self.corpus.splits["train"], self.cfg.data.max_tokens, self.cfg.data.max_sentences, shuffle=True,
-            seed=self.cfg.train.seed, epoch=self.state.epoch if epoch is None else epoch,
-            rank=self.dist.rank if rank is None else rank, world_size=self.dist.world_size,
-        )  # fmt: skip
+        d, t = self.cfg.data, self.cfg.train
+        where = dict(seed=t.seed, epoch=self.state.epoch if epoch is None else epoch,
+                     rank=self.dist.rank if rank is None else rank, world_size=self.dist.world_size)  # fmt: skip
+        train = self.corpus.splits["train"]
+        if self.rows is None:
+            return make_batches(train, d.max_tokens, d.max_sentences, shuffle=True, **where)
+        return make_packed_batches(train, *self.rows, **where)
+
+    def _collate(self, planned: list) -> Batch:
+        """A planned batch as tensors: padded rows, or ``rows`` packed rows of fixed length."""
+        if self.rows is None:
+            return collate(self.corpus.splits["train"], planned)
+        n_rows, src_len, tgt_len = self.rows
+        return collate_packed(self.corpus.splits["train"], planned, n_rows, src_len, tgt_len)
 
     def _first_batch(self) -> Batch:
-        """The first training batch of rank 0, for schemes that profile the model (Admin): the same
-        on every rank, so every rank initializes the same weights."""
-        return collate(self.corpus.splits["train"], self._epoch_batches(epoch=1, rank=0)[0])
+        """The first (padded) training batch of rank 0, for schemes that profile the model (Admin): the
+        same on every rank, so every rank initializes the same weights."""
+        d, train = self.cfg.data, self.corpus.splits["train"]
+        return collate(train, make_batches(train, d.max_tokens, d.max_sentences, seed=self.cfg.train.seed)[0])
 
     def _update(self, batches: list) -> None:
-        """One update from the next ``update_freq`` batches, then the hook, logs and progress."""
+        """Queue one update from the next ``update_freq`` batches; read the queue when anything is due."""
         t = self.cfg.train
         start = self.state.batch_in_epoch
-        group = [collate(self.corpus.splits["train"], ix) for ix in batches[start : start + t.update_freq]]
-        record = t.layer_stats_every_updates > 0 and self.state.step % t.layer_stats_every_updates == 0
-        step_before = self.state.step
+        group = [self._collate(planned) for planned in batches[start : start + t.update_freq]]
+        step = self.state.step + len(self._pending)  # unread updates counted as applied
+        record = t.layer_stats_every_updates > 0 and step % t.layer_stats_every_updates == 0
         tic = time.perf_counter()
-        metrics = self.train_step(group, record_layers=record)
+        self._pending.append(self._step(group, record))
         self.state.train_seconds += time.perf_counter() - tic
         self.state.batch_in_epoch = start + len(group)
-        self.losses.append(metrics["train/loss"])
-        applied = self.state.step > step_before
-        if applied and self.probe is not None and self.state.step <= t.probe_updates:
-            metrics.update(self.probe.measure(self.model))
-        event = "update" if applied else "skipped"  # skipped: a non-finite step (or an fp16 overflow)
-        self.report.update(event, self.state.step, self.state.epoch, metrics)
-        self.state.check_finite(self.cfg.train.max_bad_steps, self.ckpts.last_good)
-        if self.on_update is not None:
-            self.on_update(self, metrics)
-        self.report.scalars(self.state.step, self.state.epoch, metrics, force=record)
-        self.progress.update(self.state.step, self.state.epoch, metrics)
+        if record or self._read_due(step + 1):
+            self._flush()
 
-    def _validate_and_save_if_due(self) -> None:
-        """Numbered saves and validations on their schedules; one write when both fall on this update."""
-        t, step = self.cfg.train, self.state.step
+    def _read_due(self, step: int) -> bool:
+        """Whether update ``step`` (unread ones counted as applied) logs, validates, saves, stops or probes."""
+        t = self.cfg.train
+        probing = self.probe is not None and step <= t.probe_updates
+        return (self.on_update is not None or probing or step % t.log_every_updates == 0
+                or len(self._pending) >= t.log_every_updates or any(self._save_or_valid_due(step))
+                or not dataclasses.replace(self.state, step=step).budget_left(t))  # fmt: skip
+
+    def _flush(self) -> None:
+        """Read the queued updates (one sync), then count, log and hand each to the hook, in order."""
+        if not self._pending:
+            return
+        t = self.cfg.train
+        for metrics, applied in self._account(self._read()):
+            self.losses.append(metrics["train/loss"])
+            if applied and self.probe is not None and self.state.step <= t.probe_updates:
+                metrics.update(self.probe.measure(self.model))
+            event = "update" if applied else "skipped"  # skipped: a non-finite step (or an fp16 overflow)
+            self.report.update(event, self.state.step, self.state.epoch, metrics)
+            self.state.check_finite(t.max_bad_steps, self.ckpts.last_good)
+            if self.on_update is not None:
+                self.on_update(self, metrics)
+            layers = any(k.startswith("layers/") for k in metrics)
+            self.report.scalars(self.state.step, self.state.epoch, metrics, force=layers)
+            self.progress.update(self.state.step, self.state.epoch, metrics)
+
+    def _save_or_valid_due(self, step: int) -> tuple[bool, bool]:
+        """(numbered save due, validation due) at update ``step``."""
+        t = self.cfg.train
         save_due = bool(t.save_every_updates) and step % t.save_every_updates == 0
         minutes_due = t.validate_every_minutes and (
             self.state.train_seconds - self._last_valid_time >= 60 * t.validate_every_minutes
         )
         valid_due = bool(t.validate_every_updates) and step % t.validate_every_updates == 0 or bool(minutes_due)
+        return save_due, valid_due
+
+    def _validate_and_save_if_due(self) -> None:
+        """Numbered saves and validations on their schedules; one write when both fall on this update."""
+        if self._pending:  # not due: ``_update`` reads the queue whenever one of them could be
+            return
+        save_due, valid_due = self._save_or_valid_due(self.state.step)
         best = False
         if valid_due:
             self._last_valid_time = self.state.train_seconds
@@ -278,6 +304,7 @@ class Trainer:
 
     def _end_epoch(self) -> None:
         """Validate and save; a numbered checkpoint carries the epoch that just finished."""
+        self._flush()
         finished = self.state.epoch
         self.state.epoch += 1
         self.state.batch_in_epoch = 0
@@ -286,6 +313,9 @@ class Trainer:
 
     def _should_stop(self, stop: StopSignal) -> bool:
         """Every rank must agree, or DDP would hang: stop if any rank wants to."""
+        assumed = dataclasses.replace(self.state, step=self.state.step + len(self._pending))
+        if stop.received is not None or not assumed.budget_left(self.cfg.train):
+            self._flush()  # the exact count decides
         local = 0.0 if self.state.budget_left(self.cfg.train) and stop.received is None else 1.0
         return distributed.all_reduce_sum(local, self.device) > 0
 
@@ -307,6 +337,7 @@ class Trainer:
         return improved
 
     def _finish(self, stop: StopSignal) -> dict[str, Any]:
+        self._flush()
         # _validate is a no-op when the last epoch end already validated (and saved) this update.
         improved = stop.received is None and self._validate()
         self.save(best=improved)
@@ -316,17 +347,6 @@ class Trainer:
         self.report.end(self.state.step, status, self.state.train_seconds)
         self.report.final(self.cfg, self.state.best_bleu, self.state.step)
         return {**self.state.summary(), "losses": self.losses, "stopped_by": stop.received}
-
-
-def loss_metrics(loss_sum: float, nll_sum: float, ntokens: float) -> dict[str, float]:
-    """Per-token losses in bits, as fairseq reports them (``*_sum`` are already per token)."""
-    bits = 1 / math.log(2)
-    return {
-        "train/loss": loss_sum * bits,
-        "train/nll_loss": nll_sum * bits,
-        "train/ppl": 2 ** min(nll_sum * bits, 100.0),
-        "train/ntokens": ntokens,
-    }
 
 
 def train(cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> dict[str, Any]:
