@@ -94,3 +94,41 @@ def test_one_device_torchrun(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     ckpt = load_checkpoint(run_dir / "checkpoints" / "checkpoint_last.pt")
     assert ckpt["step"] == 4 and torch.isfinite(ckpt["model"]["encoder.embedding.embed.weight"]).all()
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_an_update_makes_no_host_sync(packed: bool) -> None:
+    """``Stepper.update`` (bf16, fused AdamW, clip) under ``torch.cuda.set_sync_debug_mode("error")``, which
+    raises on any call that waits for the GPU; packed batches too. On CPU the same step just runs
+    (tests/test_step.py guards it there)."""
+    import numpy as np
+
+    from tests.conftest import tiny_model
+    from tests.model.test_packing import random_split
+    from tfx.config import OptimConfig
+    from tfx.data import collate
+    from tfx.data.packing import collate_packed, pack_first_fit
+    from tfx.optim import build_optimizer
+    from tfx.precision import Precision
+    from tfx.step import Stepper, read
+
+    device = torch.device(DEVICE)
+    split = random_split(16)
+    if packed:
+        batches = [collate_packed(split, pack_first_fit(np.arange(16), split, 24, 24), 8, 24, 24)]
+    else:
+        batches = [collate(split, list(range(16)))]
+    batches = [b.pin_memory() if device.type == "cuda" else b for b in batches]
+    model = tiny_model(dropout=0.1).to(device)
+    opt = OptimConfig(clip_norm=1.0)
+    stepper = Stepper(model, model, build_optimizer(model, opt, device), Precision("bf16", device), opt, device, 1)
+    stepper.update(batches, lr=1e-3)  # first: allocations, lazy CUDA init
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = [stepper.update(batches, lr=1e-3) for _ in range(3)]
+    finally:
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    assert all(r["applied"] == 1.0 and math.isfinite(r["loss"]) for r in read(pending))
