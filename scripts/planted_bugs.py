@@ -117,7 +117,7 @@ BUGS = [
          'self.state = TrainState(**{**ckpt["train_state"], "batch_in_epoch": 0})'),
     ], wiring("resume_across_an_epoch_boundary_equals_uninterrupted")),
     Bug("epoch-not-passed", "every epoch shuffled as epoch 1", "tfx/train.py", [
-        ("epoch=self.state.epoch if epoch is None else epoch", "epoch=1 if epoch is None else epoch"),
+        ("batches = self.batches.epoch(self.state.epoch)", "batches = self.batches.epoch(1)"),
     ], wiring("each_epoch_is_shuffled_with_its_own_number")),
     Bug("keep-last-off-by-one", "keep_last keeps one checkpoint too many", "tfx/run_checkpoints.py", [
         ("numbered[: -self.keep_last]", "numbered[: -self.keep_last - 1]"),

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import tfx.train as train_mod
+import tfx.data.batching as batching_mod
 import tfx.validate as validate_mod
 from tests.test_train import free_port, join_two_ranks, tiny_cfg
 from tfx import distributed
@@ -174,8 +174,8 @@ def test_validate_every_minutes_validates_when_due(tmp_path: Path) -> None:
 
 def test_each_epoch_is_shuffled_with_its_own_number(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     planned: list[int] = []
-    real = train_mod.make_batches
-    monkeypatch.setattr(train_mod, "make_batches", lambda *a, **kw: planned.append(kw["epoch"]) or real(*a, **kw))
+    real = batching_mod.make_batches
+    monkeypatch.setattr(batching_mod, "make_batches", lambda *a, **kw: planned.append(kw["epoch"]) or real(*a, **kw))
     train(wiring_cfg(tmp_path, max_updates=100, max_epochs=2), tmp_path / "run")
     assert planned == [1, 2]
 

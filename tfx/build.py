@@ -7,7 +7,6 @@ parameters. A resumed run skips the init: every weight comes from its checkpoint
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable
 
@@ -15,17 +14,14 @@ import torch
 from torch import nn
 
 from tfx import distributed, sharding
-from tfx.config import Config, DataConfig, TrainConfig
-from tfx.data import PAD, Batch, Corpus, EncodedSplit, collate, prepare_data
-from tfx.data.packing import row_lengths, rows_per_batch
+from tfx.config import Config, TrainConfig
+from tfx.data import PAD, Batch, Corpus, collate, prepare_data
 from tfx.diagnostics import OutputChange
 from tfx.distributed import DistInfo
 from tfx.init import NEEDS_BATCH, apply_init
 from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer
 from tfx.precision import Precision
-
-log = logging.getLogger("tfx.train")
 
 # Ranks start from identical weights (the init is seeded with train.seed on every rank), then
 # draw different dropout masks: rank r > 0 reseeds its stream with seed + r * this stride.
@@ -78,16 +74,6 @@ def place_and_optimize(
     if cfg.train.strategy == "fsdp":  # before the optimizer, which must hold the sharded parameters
         sharding.shard(model, device, precision.bf16)
     return precision, build_optimizer(model, cfg.optim, device)
-
-
-def packed_rows(data: DataConfig, train: EncodedSplit) -> tuple[int, int, int] | None:
-    """``data.batching=packed``: (rows per batch, source row length, target row length); padded: None."""
-    if data.batching != "packed":
-        return None
-    src_len, tgt_len = row_lengths(train, data.pack_length)
-    rows = rows_per_batch(data.max_tokens, src_len, tgt_len)
-    log.info("packed batches: %d rows x %d source / %d target tokens", rows, src_len, tgt_len)
-    return rows, src_len, tgt_len
 
 
 def wrap(model: nn.Module, compile: bool, dist: DistInfo, device: torch.device, packed: bool = False) -> nn.Module:

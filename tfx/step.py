@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +27,8 @@ from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, Batch
 from tfx.diagnostics import ActivationRMS, layer_stats
 from tfx.optim import set_lr
-from tfx.precision import Precision
+from tfx.precision import Precision, StepOutcome
+from tfx.train_state import TrainState
 
 
 @dataclass
@@ -108,6 +110,23 @@ def read(pending: list[Pending]) -> list[dict[str, float]]:
     flat = [t.detach().reshape(()).double() for p in pending for t in p.tensors.values()]
     values = iter(torch.stack(flat).tolist() if flat else [])
     return [{**p.host, **{name: next(values) for name in keys}} for p, keys in zip(pending, names, strict=True)]
+
+
+def account(state: TrainState, raw: list[dict[str, float]]) -> Iterator[tuple[dict[str, float], bool]]:
+    """Count each read update in ``state`` (applied, an fp16 overflow or non-finite) and yield its metrics
+    dict and whether it applied: the caller handles one before the next is counted, so each sees the
+    state as of its own update."""
+    for r in raw:
+        applied = bool(r["applied"])
+        state.record(StepOutcome(r["grad_norm"], applied, bool(r["overflow"])))
+        metrics = {"train/grad_norm": r["grad_norm"], "train/lr": r["train/lr"],
+                   **{k: v for k, v in r.items() if k.startswith("layers/")}}  # fmt: skip
+        if "loss_scale" in r:
+            metrics["train/loss_scale"] = r["loss_scale"]
+            metrics["train/overflow_steps"] = float(state.overflow_steps)
+        metrics["train/skipped_steps"] = float(state.skipped_steps)
+        metrics.update(loss_metrics(r["loss"], r["nll"], r["ntokens"]))
+        yield metrics, applied
 
 
 def loss_metrics(loss_sum: float, nll_sum: float, ntokens: float) -> dict[str, float]:

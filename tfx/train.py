@@ -17,7 +17,7 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +26,17 @@ from torch import nn
 from tfx import build, distributed, sharding
 from tfx.checkpoint import CheckpointError
 from tfx.config import CONF_DIR, Config, register_configs
-from tfx.data import Batch, DataError, collate, make_batches
-from tfx.data.packing import collate_packed, make_packed_batches
+from tfx.data import Batch, DataError
+from tfx.data.plan import TrainBatches
 from tfx.distributed import DeviceError
 from tfx.logger import Progress
 from tfx.optim import lr_at
-from tfx.precision import PrecisionError, StepOutcome
+from tfx.precision import PrecisionError
+from tfx.prefetch import Prefetcher
 from tfx.reporter import Reporter
 from tfx.run_checkpoints import CheckpointManager, our_trajectory, rng_state
 from tfx.sharding import ShardingError
-from tfx.step import Pending, Stepper, loss_metrics, read
+from tfx.step import Pending, Stepper, account, read
 from tfx.train_state import TrainingDiverged, TrainState, checkpoint_payload
 from tfx.validate import validate_on_main
 
@@ -92,9 +93,11 @@ class Trainer:
         cfg = self.cfg
         build.seed_everything(cfg.train)
         self.corpus = build.prepare_corpus(cfg, self.dist.is_main)
-        self.rows = build.packed_rows(cfg.data, self.corpus.splits["train"])  # (rows, src_len, tgt_len) or None
+        train = self.corpus.splits["train"]
+        self.batches = TrainBatches(train, cfg.data, cfg.train.seed, self.dist.rank, self.dist.world_size)
         fresh = self.ckpts.resume_path(cfg.train.resume) is None
-        self.model = build.initialized_model(cfg, self.corpus.tokenizer.vocab_size, fresh, self._first_batch)
+        vocab = self.corpus.tokenizer.vocab_size
+        self.model = build.initialized_model(cfg, vocab, fresh, self.batches.first_padded)
         build.reseed_dropout(cfg.train.seed, self.dist.rank)
         self.precision, self.optimizer = build.place_and_optimize(self.model, cfg, self.device)
         self.state = TrainState()
@@ -109,6 +112,7 @@ class Trainer:
         )  # fmt: skip
         self._validated_at = -1  # update of the latest validation (never validate twice at one update)
         self._pending: list[Pending] = []  # updates queued on the device, not read yet (tfx.step)
+        self._prefetch: Prefetcher[list[Batch]] = Prefetcher(enabled=self.device.type == "cuda")
         self._saved_state: TrainState | None = None  # what checkpoint_last.pt holds (never write it twice)
         self._last_valid_time = self.state.train_seconds
         self.losses: list[float] = []  # per-update train loss of this process (tests compare these)
@@ -116,11 +120,12 @@ class Trainer:
     def close(self) -> None:
         if hasattr(self, "report"):
             self.report.close()
+            self._prefetch.close()
         self.ckpts.close()
 
     # ----------------------------------------------------------------- setup
     def _wrap(self, model: nn.Module) -> nn.Module:
-        return build.wrap(model, self.cfg.train.compile, self.dist, self.device, packed=self.rows is not None)
+        return build.wrap(model, self.cfg.train.compile, self.dist, self.device, packed=self.batches.packed)
 
     def _maybe_resume(self) -> Path | None:
         """Continue from checkpoint_last.pt (or train.resume) when its trajectory matches ours."""
@@ -165,7 +170,7 @@ class Trainer:
         The loop does not read each update: ``_update`` leaves it pending on the device (``tfx.step``).
         """
         self._pending.append(self._step(batches, record_layers))
-        ((metrics, _applied),) = self._account(self._read())
+        ((metrics, _applied),) = account(self.state, self._read())
         return metrics
 
     def _step(self, batches: list[Batch], record_layers: bool) -> Pending:
@@ -182,21 +187,6 @@ class Trainer:
         self.state.train_seconds += time.perf_counter() - tic  # the wait for the device is training time
         return raw
 
-    def _account(self, raw: list[dict[str, float]]) -> Iterator[tuple[dict[str, float], bool]]:
-        """Count each read update (applied, an fp16 overflow or non-finite) and yield its metrics dict:
-        the caller handles one before the next is counted, so each sees the state as of its own update."""
-        for r in raw:
-            applied = bool(r["applied"])
-            self.state.record(StepOutcome(r["grad_norm"], applied, bool(r["overflow"])))
-            metrics = {"train/grad_norm": r["grad_norm"], "train/lr": r["train/lr"],
-                       **{k: v for k, v in r.items() if k.startswith("layers/")}}  # fmt: skip
-            if "loss_scale" in r:
-                metrics["train/loss_scale"] = r["loss_scale"]
-                metrics["train/overflow_steps"] = float(self.state.overflow_steps)
-            metrics["train/skipped_steps"] = float(self.state.skipped_steps)
-            metrics.update(loss_metrics(r["loss"], r["nll"], r["ntokens"]))
-            yield metrics, applied
-
     # ------------------------------------------------------------------ loop
     def run(self) -> dict[str, Any]:
         """Epochs of updates until the budget is spent or a signal arrives; then validate and save."""
@@ -205,7 +195,7 @@ class Trainer:
         with StopSignal() as stop:
             try:
                 while not self._should_stop(stop):
-                    batches = self._epoch_batches()
+                    batches = self.batches.epoch(self.state.epoch)
                     while self.state.batch_in_epoch < len(batches) and not self._should_stop(stop):
                         self._update(batches)
                         self._validate_and_save_if_due()
@@ -217,42 +207,25 @@ class Trainer:
         self.progress.close()
         return self._finish(stop)
 
-    def _epoch_batches(self, epoch: int | None = None, rank: int | None = None) -> list:
-        """This rank's batches of the current epoch (a pure function of seed, epoch and rank)."""
-        d, t = self.cfg.data, self.cfg.train
-        where = dict(seed=t.seed, epoch=self.state.epoch if epoch is None else epoch,
-                     rank=self.dist.rank if rank is None else rank, world_size=self.dist.world_size)  # fmt: skip
-        train = self.corpus.splits["train"]
-        if self.rows is None:
-            return make_batches(train, d.max_tokens, d.max_sentences, shuffle=True, **where)
-        return make_packed_batches(train, *self.rows, **where)
-
-    def _collate(self, planned: list) -> Batch:
-        """A planned batch as tensors: padded rows, or ``rows`` packed rows of fixed length."""
-        if self.rows is None:
-            return collate(self.corpus.splits["train"], planned)
-        n_rows, src_len, tgt_len = self.rows
-        return collate_packed(self.corpus.splits["train"], planned, n_rows, src_len, tgt_len)
-
-    def _first_batch(self) -> Batch:
-        """The first (padded) training batch of rank 0, for schemes that profile the model (Admin): the
-        same on every rank, so every rank initializes the same weights."""
-        d, train = self.cfg.data, self.corpus.splits["train"]
-        return collate(train, make_batches(train, d.max_tokens, d.max_sentences, seed=self.cfg.train.seed)[0])
-
     def _update(self, batches: list) -> None:
         """Queue one update from the next ``update_freq`` batches; read the queue when anything is due."""
         t = self.cfg.train
         start = self.state.batch_in_epoch
-        group = [self._collate(planned) for planned in batches[start : start + t.update_freq]]
+        group = self._prefetch.get((self.state.epoch, start), lambda: self._collate_group(batches, start))
         step = self.state.step + len(self._pending)  # unread updates counted as applied
         record = t.layer_stats_every_updates > 0 and step % t.layer_stats_every_updates == 0
         tic = time.perf_counter()
         self._pending.append(self._step(group, record))
         self.state.train_seconds += time.perf_counter() - tic
-        self.state.batch_in_epoch = start + len(group)
+        self.state.batch_in_epoch = after = start + len(group)
+        if after < len(batches):  # built while the device runs this update (GPU; inline on CPU)
+            self._prefetch.prepare((self.state.epoch, after), lambda: self._collate_group(batches, after))
         if record or self._read_due(step + 1):
             self._flush()
+
+    def _collate_group(self, batches: list, start: int) -> list[Batch]:
+        group = [self.batches.collate(planned) for planned in batches[start : start + self.cfg.train.update_freq]]
+        return [b.pin_memory() for b in group] if self.device.type == "cuda" else group
 
     def _read_due(self, step: int) -> bool:
         """Whether update ``step`` (unread ones counted as applied) logs, validates, saves, stops or probes."""
@@ -267,7 +240,7 @@ class Trainer:
         if not self._pending:
             return
         t = self.cfg.train
-        for metrics, applied in self._account(self._read()):
+        for metrics, applied in account(self.state, self._read()):
             self.losses.append(metrics["train/loss"])
             if applied and self.probe is not None and self.state.step <= t.probe_updates:
                 metrics.update(self.probe.measure(self.model))
