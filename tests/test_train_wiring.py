@@ -14,6 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 import tfx.data.batching as batching_mod
+import tfx.train as train_mod
 import tfx.validate as validate_mod
 from tests.test_train import free_port, join_two_ranks, tiny_cfg
 from tfx import distributed
@@ -255,3 +256,31 @@ def test_two_process_ddp_first_gradient_is_the_global_token_mean(tmp_path: Path)
         metrics = torch.load(f"{out}.{rank}", weights_only=True)
         assert metrics["train/grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4)
         assert metrics["train/loss"] == pytest.approx(ref["loss"], rel=1e-5)
+
+
+def test_patience_stops_after_that_many_validations_without_a_better_bleu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scripted valid BLEU per epoch 10, 12, 11, 11.5, 12 (not better), 13: patience 3 stops after the fifth
+    epoch, with the best (12, epoch 2) in checkpoint_best.pt; the count survives a resume (which, as after any
+    finished run, only validates once more)."""
+    from tfx.validate import ValidResult
+
+    scripted = iter([10.0, 12.0, 11.0, 11.5, 12.0, 13.0])
+    seen: list[float] = []
+
+    def scripted_validation(*args, **kwargs) -> ValidResult:
+        bleu = next(scripted)
+        seen.append(bleu)
+        return ValidResult({"valid/loss": 1.0, "valid/bleu": bleu}, bleu, "scripted", [])
+
+    monkeypatch.setattr(train_mod, "validate_on_main", scripted_validation)
+    cfg = wiring_cfg(tmp_path, max_updates=0, max_epochs=30, patience=3)
+    summary = train(cfg, tmp_path / "run")
+    assert seen == [10.0, 12.0, 11.0, 11.5, 12.0] and summary["epoch"] == 6  # five epochs done
+    best = load_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_best.pt")
+    assert best["metrics"]["best_bleu"] == 12.0 and best["epoch"] == 3  # saved at the end of epoch 2
+    last = load_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_last.pt")
+    assert last["train_state"]["stale_validations"] == 3
+    again = train(cfg, tmp_path / "run")  # resumed: patience is spent, so it trains nothing more
+    assert (again["epoch"], again["step"]) == (6, summary["step"])

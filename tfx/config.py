@@ -193,6 +193,9 @@ class TrainConfig:
     threads: int = 0  # torch CPU threads; 0 = torch default
     max_updates: int = 0  # stop after this many updates; 0 = no limit
     max_epochs: int = 0  # stop after this many epochs; 0 = no limit
+    # stop after this many validations in a row without a better valid BLEU (fairseq's --patience; with
+    # validation at epoch ends only, epochs); 0 = off
+    patience: int = 0
     max_minutes: float = 0.0  # stop after this much wall time; 0 = no limit
     update_freq: int = 1  # gradient accumulation steps per update
     compile: bool = False  # wrap the model in torch.compile
@@ -224,6 +227,7 @@ class TrainConfig:
         _require(self.update_freq >= 1, "train.update_freq must be >= 1")
         _require(self.valid_beam >= 1, "train.valid_beam must be >= 1")
         _require(self.keep_last >= 1, "train.keep_last must be >= 1")
+        _require(self.patience >= 0, "train.patience must be >= 0 (0 = off)")
         _require(self.resume_mode in ("strict", "force", "weights"), "train.resume_mode: use strict, force or weights")
         _require(self.probe_updates >= 0, "train.probe_updates must be >= 0 (0 = off)")
         _require(self.probe_sentences >= 1, "train.probe_sentences must be >= 1")

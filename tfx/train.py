@@ -306,6 +306,7 @@ class Trainer:
             self.report.valid(self.state.step, result, self.state.best_bleu, self.state.train_seconds / 60)
         # Every rank keeps the same state (save decides from it) and learns whether this was the best.
         improved, self.state.best_bleu = distributed.broadcast_object((improved, self.state.best_bleu))
+        self.state.stale_validations = 0 if improved else self.state.stale_validations + 1
         self.report.restart_window()  # validation time is not training throughput
         return improved
 
@@ -316,6 +317,9 @@ class Trainer:
         self.save(best=improved)
         if stop.received is not None:
             self.report.stopped(stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt")
+        t = self.cfg.train
+        if t.patience and self.state.stale_validations >= t.patience:
+            log.info("early stop: no better valid BLEU in %d validations (best %.2f)", t.patience, self.state.best_bleu)
         status = "completed" if stop.received is None else f"stopped by {stop.received}"
         self.report.end(self.state.step, status, self.state.train_seconds)
         self.report.final(self.cfg, self.state.best_bleu, self.state.step)

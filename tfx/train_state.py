@@ -38,6 +38,7 @@ class TrainState:
     bad_steps: int = 0  # consecutive non-finite steps
     skipped_steps: int = 0  # all non-finite steps so far
     overflow_steps: int = 0  # fp16 updates skipped by the loss scaler (not divergence; not in bad_steps)
+    stale_validations: int = 0  # validations in a row since valid BLEU last improved (train.patience)
 
     def record(self, outcome: StepOutcome) -> None:
         """Count an applied update, an fp16 overflow (the scaler's business) or a non-finite step."""
@@ -55,6 +56,8 @@ class TrainState:
         if t.max_updates and self.step >= t.max_updates:
             return False
         if t.max_epochs and self.epoch > t.max_epochs:
+            return False
+        if t.patience and self.stale_validations >= t.patience:
             return False
         return not (t.max_minutes and self.train_seconds >= 60 * t.max_minutes)
 
