@@ -1,7 +1,8 @@
 """Padded against packed batches in one invocation: the first updates' loss curve and training speed.
 
 Runs ``python -m tfx.train +experiment=EXPERIMENT`` once per batching (``data.batching=padded`` and
-``packed``), alternating ``--repeat`` times, with validation and numbered saves off, and reads each
+``packed``), alternating ``--repeat`` times (repeat r with ``train.seed=r+1``, so the spread between seeds
+says how large a difference noise makes), with validation and numbered saves off, and reads each
 run's ``metrics.jsonl``: per-update train loss (bits) and real target tokens, and the training
 seconds of its end record. Prints the loss curve in windows of ``--window`` updates, both rates in
 real (non-pad) target tokens per training second, and their ratio (packed / padded) per pair.
@@ -28,7 +29,7 @@ def run(out: Path, batching: str, repeat: int, args: argparse.Namespace) -> dict
     """One training run; its per-update losses and tokens, and its training seconds."""
     run_dir = out / f"{batching}_{repeat}"
     cmd = [sys.executable, "-m", "tfx.train", f"+experiment={args.experiment}", f"data.batching={batching}",
-           f"hydra.run.dir={run_dir}", f"train.max_updates={args.updates}", "train.validate_every_updates=0",
+           f"hydra.run.dir={run_dir}", f"train.seed={repeat + 1}", f"train.max_updates={args.updates}", "train.validate_every_updates=0",
            "train.validate_every_minutes=0", "train.save_every_epochs=0", "train.max_minutes=0",
            "train.progress=false", *args.overrides]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -55,14 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         for batching in BATCHINGS:
             results[batching].append(run(args.out, batching, r, args))
     print(f"{args.experiment}, {args.updates} updates, overrides {args.overrides}\n")
-    print("| updates | " + " | ".join(f"{b} loss (bits, mean of runs)" for b in BATCHINGS) + " |")
+    print("| updates | " + " | ".join(f"{b} loss (bits): mean, seed range" for b in BATCHINGS) + " |")
     print("|---|" + "---:|" * len(BATCHINGS))
     for start in range(0, args.updates, args.window):
-        means = [statistics.mean(statistics.mean(x["loss"][start : start + args.window]) for x in results[b])
-                 for b in BATCHINGS]  # fmt: skip
-        print(
-            f"| {start + 1}-{min(start + args.window, args.updates)} | " + " | ".join(f"{m:.3f}" for m in means) + " |"
-        )
+        cells = []
+        for b in BATCHINGS:
+            per_seed = [statistics.mean(x["loss"][start : start + args.window]) for x in results[b]]
+            cells.append(f"{statistics.mean(per_seed):.3f} ({min(per_seed):.3f}-{max(per_seed):.3f})")
+        print(f"| {start + 1}-{min(start + args.window, args.updates)} | " + " | ".join(cells) + " |")
     rates = {b: [x["tokens"] / x["seconds"] for x in results[b]] for b in BATCHINGS}
     print("\n| batching | real tgt tokens/update | tgt tokens/s (median) |\n|---|---:|---:|")
     for b in BATCHINGS:

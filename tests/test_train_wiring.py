@@ -24,6 +24,7 @@ from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, collate, make_batches, prepare_data
 from tfx.distributed import DistInfo
 from tfx.init import apply_init
+from tfx.metrics_log import read_metrics
 from tfx.model import build_model
 from tfx.train import Trainer, train
 
@@ -282,5 +283,7 @@ def test_patience_stops_after_that_many_validations_without_a_better_bleu(
     assert best["metrics"]["best_bleu"] == 12.0 and best["epoch"] == 3  # saved at the end of epoch 2
     last = load_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_last.pt")
     assert last["train_state"]["stale_validations"] == 3
+    ends = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["event"] == "end"]
+    assert ends[-1]["status"] == "early stop: no better valid BLEU in 3 validations (best 12.00)"
     again = train(cfg, tmp_path / "run")  # resumed: patience is spent, so it trains nothing more
     assert (again["epoch"], again["step"]) == (6, summary["step"])

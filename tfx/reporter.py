@@ -93,8 +93,10 @@ class Reporter:
         log.warning("stopped by %s at update %d; wrote %s; re-run the same command to resume", signal, step, last)
 
     def end(self, step: int, status: str, train_seconds: float) -> None:
-        """``metrics.jsonl``'s last record: completed, diverged or stopped by a signal."""
+        """``metrics.jsonl``'s last record: completed, early stop, diverged or stopped by a signal."""
         self.jsonl.write("end", step, {"status": status, "train_seconds": train_seconds})
+        if status.startswith("early stop"):
+            log.info("%s at update %d", status, step)
 
     def final(self, cfg: Config, best_bleu: float, step: int) -> None:
         """The HParams-tab row of this run."""

@@ -181,8 +181,7 @@ class Trainer:
         return stepper.update(batches, lr, record_layers)
 
     def _read(self) -> list[dict[str, float]]:
-        pending, self._pending = self._pending, []
-        tic = time.perf_counter()
+        tic, (pending, self._pending) = time.perf_counter(), (self._pending, [])
         raw = read(pending)
         self.state.train_seconds += time.perf_counter() - tic  # the wait for the device is training time
         return raw
@@ -211,7 +210,9 @@ class Trainer:
         """Queue one update from the next ``update_freq`` batches; read the queue when anything is due."""
         t = self.cfg.train
         start = self.state.batch_in_epoch
-        group = self._prefetch.get((self.state.epoch, start), lambda: self._collate_group(batches, start))
+        pin = self.device.type == "cuda"
+        make = functools.partial(self.batches.collate_group, batches, size=t.update_freq, pin=pin)
+        group = self._prefetch.get((self.state.epoch, start), lambda: make(start))
         step = self.state.step + len(self._pending)  # unread updates counted as applied
         record = t.layer_stats_every_updates > 0 and step % t.layer_stats_every_updates == 0
         tic = time.perf_counter()
@@ -219,13 +220,9 @@ class Trainer:
         self.state.train_seconds += time.perf_counter() - tic
         self.state.batch_in_epoch = after = start + len(group)
         if after < len(batches):  # built while the device runs this update (GPU; inline on CPU)
-            self._prefetch.prepare((self.state.epoch, after), lambda: self._collate_group(batches, after))
+            self._prefetch.prepare((self.state.epoch, after), lambda: make(after))
         if record or self._read_due(step + 1):
             self._flush()
-
-    def _collate_group(self, batches: list, start: int) -> list[Batch]:
-        group = [self.batches.collate(planned) for planned in batches[start : start + self.cfg.train.update_freq]]
-        return [b.pin_memory() for b in group] if self.device.type == "cuda" else group
 
     def _read_due(self, step: int) -> bool:
         """Whether update ``step`` (unread ones counted as applied) logs, validates, saves, stops or probes."""
@@ -317,10 +314,7 @@ class Trainer:
         self.save(best=improved)
         if stop.received is not None:
             self.report.stopped(stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt")
-        t = self.cfg.train
-        if t.patience and self.state.stale_validations >= t.patience:
-            log.info("early stop: no better valid BLEU in %d validations (best %.2f)", t.patience, self.state.best_bleu)
-        status = "completed" if stop.received is None else f"stopped by {stop.received}"
+        status = self.state.end_status(self.cfg.train) if stop.received is None else f"stopped by {stop.received}"
         self.report.end(self.state.step, status, self.state.train_seconds)
         self.report.final(self.cfg, self.state.best_bleu, self.state.step)
         return {**self.state.summary(), "losses": self.losses, "stopped_by": stop.received}

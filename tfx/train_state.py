@@ -69,6 +69,12 @@ class TrainState:
                 f"(epoch {self.epoch}); {last_good()}. Lower optim.lr or set optim.clip_norm."
             )
 
+    def end_status(self, t: TrainConfig) -> str:
+        """How a run that no signal stopped ended, for ``metrics.jsonl`` and the log."""
+        if t.patience and self.stale_validations >= t.patience:
+            return f"early stop: no better valid BLEU in {t.patience} validations (best {self.best_bleu:.2f})"
+        return "completed"
+
     def summary(self) -> dict[str, Any]:
         """What ``train()`` returns about where the run ended."""
         return {"best_bleu": self.best_bleu, "step": self.step, "epoch": self.epoch,

@@ -43,6 +43,11 @@ class TrainBatches:
             return batching.collate(self.split, planned)
         return packing.collate_packed(self.split, planned, *self.rows)
 
+    def collate_group(self, planned: list, start: int, size: int, pin: bool) -> list[Batch]:
+        """``size`` planned batches from ``start`` as tensors (``pin``: page-locked, for the GPU copy)."""
+        group = [self.collate(p) for p in planned[start : start + size]]
+        return [b.pin_memory() for b in group] if pin else group
+
     def first_padded(self) -> Batch:
         """Rank 0's first padded batch of epoch 1."""
         plan = batching.make_batches(self.split, self.data.max_tokens, self.data.max_sentences, seed=self.seed)
