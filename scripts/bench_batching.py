@@ -29,9 +29,9 @@ def run(out: Path, batching: str, repeat: int, args: argparse.Namespace) -> dict
     """One training run; its per-update losses and tokens, and its training seconds."""
     run_dir = out / f"{batching}_{repeat}"
     cmd = [sys.executable, "-m", "tfx.train", f"+experiment={args.experiment}", f"data.batching={batching}",
-           f"hydra.run.dir={run_dir}", f"train.seed={repeat + 1}", f"train.max_updates={args.updates}", "train.validate_every_updates=0",
-           "train.validate_every_minutes=0", "train.save_every_epochs=0", "train.max_minutes=0",
-           "train.progress=false", *args.overrides]  # fmt: skip
+           f"hydra.run.dir={run_dir}", f"train.seed={repeat + 1}", f"train.max_updates={args.updates}",
+           "train.validate_every_updates=0", "train.validate_every_minutes=0", "train.save_every_epochs=0",
+           "train.max_minutes=0", "train.progress=false", *args.overrides]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
