@@ -1,0 +1,320 @@
+"""Methods at the end of training on Multi30k: a tuning grid per arm, then seeds to convergence, then test BLEU.
+
+1. **Grid** (``--grid-epochs`` epochs, seed 1): every arm over the same grid of peak lr (``--lrs``) x dropout
+   (``--dropouts``) x warmup updates (``--warmups``; an arm whose method trains without warmup keeps 0 only),
+   greedy valid BLEU each epoch; the setting with the best valid BLEU is the arm's.
+2. **Converged** (each ``--seeds``): the arm with its setting, validating each epoch, until valid BLEU has not
+   improved for ``--patience`` epochs (``train.patience``) or ``--max-epochs``; numbered checkpoints each epoch.
+3. **Test** (beam 5): the best-valid checkpoint, and the average of the best window of numbered checkpoints
+   chosen on valid (``tfx.average --best-window``), on test2016, test_2017_flickr and test_2018_flickr, as
+   sacreBLEU (13a, cased) and as the lowercased tokenized BLEU the Multi30k literature reports.
+
+Outputs in ``--out``: ``converged_study.md`` (mean +- std over seeds and each seed's value, epochs to the best
+valid score, the chosen setting, wall time), ``converged_study.png`` (valid BLEU per epoch, the mean per arm
+with the seeds' range as a band), ``study.json`` and ``runs/`` (one TensorBoard folder). Everything resumes:
+run the same command again after an interruption; finished runs do not train again and scored decodes are not
+redone. ``--replot`` rewrites table and figure from the run folders. ``--layers 12`` is the deeper table
+(12 + 12 layers, d 256); ``--direction en-de`` the other direction. The study harness is ``tfx.studies``:
+tfx must be installed (``pip install -e ".[study]"``).
+
+Usage (CPU; an epoch of the 3+3 model takes about 8 minutes on one AVX2 thread in fp32, 2 on a bf16 one)::
+
+    python scripts/converged_study.py --out outputs/converged --arms tfixup postln --seeds 1
+    python scripts/converged_study.py --out outputs/converged_gpu --preset gpu     # the whole table, 3 seeds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tfx.metrics_log import FILENAME, read_metrics
+from tfx.studies.arms import ARMS
+from tfx.studies.harness import CHECKOUT, multirun, open_study, train_or_replot
+
+DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "admin", "xavier_noln"]
+WARMUP_FREE = {"tfixup", "xavier_noln", "postln_nowarmup"}  # methods whose recipe is no warmup at all
+TEST_SETS = {"test": "test2016", "test_2017_flickr": "test2017 flickr", "test_2018_flickr": "test2018 flickr"}
+KINDS = {"best": "checkpoints/checkpoint_best.pt", "avg": "average.pt"}  # what is decoded, per run folder
+WINDOW = 5  # numbered checkpoints averaged, at most (the window is chosen on valid)
+
+
+def setting_name(lr: float, dropout: float, warmup: int) -> str:
+    return f"lr{lr:g}_d{dropout:g}_w{warmup}"
+
+
+def shared_overrides(args: argparse.Namespace) -> list[str]:
+    """What every run of the study shares."""
+    src, tgt = args.direction.split("-")
+    layers = f"model.encoder_layers={args.layers}", f"model.decoder_layers={args.layers}"
+    return ["+experiment=multi30k", f"data.local_dir={args.data_dir}", f"data.src_lang={src}",
+            f"data.tgt_lang={tgt}", *layers, f"train.threads={args.threads}", f"train.precision={args.precision}",
+            "train.max_minutes=0", "train.validate_every_minutes=0", "train.validate_every_updates=0",
+            "train.progress=false", *args.overrides]  # fmt: skip
+
+
+def grid_settings(arm: str, args: argparse.Namespace) -> list[tuple[float, float, int]]:
+    warmups = [0] if ARMS[arm][0] in WARMUP_FREE else args.warmups
+    return [(lr, d, w) for lr in args.lrs for d in args.dropouts for w in warmups]
+
+
+def run_grid(args: argparse.Namespace) -> int:
+    """Stage 1: one multirun per arm over its grid (a finished run is not trained again: it resumes at its end)."""
+    for arm in args.arms:
+        if all(finished(args.out / "runs" / "grid" / arm / setting_name(*s)) for s in grid_settings(arm, args)):
+            continue  # a finished run would only validate again
+        lrs, drops, warms = (sorted({s[i] for s in grid_settings(arm, args)}) for i in range(3))
+        sweep = [*shared_overrides(args), f"train.max_epochs={args.grid_epochs}", "train.seed=1",
+                 "optim.lr=" + ",".join(map(str, lrs)), "model.dropout=" + ",".join(map(str, drops)),
+                 "optim.warmup_updates=" + ",".join(map(str, warms)), f"+arm={arm}"]  # fmt: skip
+        subdir = f"grid/{arm}/lr${{optim.lr}}_d${{model.dropout}}_w${{optim.warmup_updates}}"
+        if code := multirun(args.out, [arm], args.jobs, subdir, sweep):
+            return code
+    return 0
+
+
+def best_valid(run: Path) -> tuple[float, int]:
+    """(best greedy valid BLEU, the epoch it came at) of a run; (nan, 0) without validations."""
+    valid = [r for r in read_metrics(run / FILENAME) if r["event"] == "valid"] if (run / FILENAME).exists() else []
+    if not valid:
+        return math.nan, 0
+    best = max(range(len(valid)), key=lambda i: valid[i]["valid/bleu"])
+    return valid[best]["valid/bleu"], best + 1
+
+
+def chosen_setting(out: Path, arm: str, args: argparse.Namespace) -> tuple[float, float, int]:
+    """The grid setting with the best valid BLEU (the first of equals, in grid order)."""
+    scored = [(best_valid(out / "runs" / "grid" / arm / setting_name(*s))[0], s) for s in grid_settings(arm, args)]
+    scored = [(bleu, s) for bleu, s in scored if not math.isnan(bleu)]
+    if not scored:
+        raise SystemExit(f"no finished grid run for arm {arm} in {out / 'runs' / 'grid' / arm}")
+    return max(scored, key=lambda pair: pair[0])[1]
+
+
+def run_converged(args: argparse.Namespace, settings: dict[str, tuple[float, float, int]]) -> int:
+    """Stage 2: each arm with its chosen setting, every seed, to convergence."""
+    for arm, (lr, dropout, warmup) in settings.items():
+        seeds = [seed for seed, run in final_runs(args.out, arm, args.seeds).items() if not finished(run)]
+        if not seeds:
+            continue
+        sweep = [*shared_overrides(args), f"train.max_epochs={args.max_epochs}", f"train.patience={args.patience}",
+                 "train.save_every_epochs=1", f"train.keep_last={max(WINDOW, args.patience + 2)}",
+                 f"optim.lr={lr}", f"model.dropout={dropout}", f"optim.warmup_updates={warmup}",
+                 "train.seed=" + ",".join(map(str, seeds)), f"+arm={arm}"]  # fmt: skip
+        if code := multirun(args.out, [arm], args.jobs, f"final/{arm}/seed${{train.seed}}", sweep):
+            return code
+    return 0
+
+
+def final_runs(out: Path, arm: str, seeds: list[int]) -> dict[int, Path]:
+    return {seed: out / "runs" / "final" / arm / f"seed{seed}" for seed in seeds}
+
+
+def score_path(run: Path, kind: str, test: str) -> Path:
+    return run / "test" / f"{kind}_{test}.bleu.json"
+
+
+def decode_commands(args: argparse.Namespace, run: Path) -> list[list[str]]:
+    """The average (once) and the beam-5 decodes of a finished run that are not scored yet."""
+    src, tgt = args.direction.split("-")
+    py, cmds = sys.executable, []
+    if not (run / KINDS["avg"]).exists():
+        window = min(WINDOW, len(list((run / "checkpoints").glob("checkpoint_*_*.pt"))))  # a short run has fewer
+        cmds.append([py, "-m", "tfx.average", "--run-dir", str(run), "--best-window", str(max(window, 1)),
+                     "--quiet", "--output", str(run / KINDS["avg"])])  # fmt: skip
+    for kind, name in KINDS.items():
+        for test in TEST_SETS:
+            if not score_path(run, kind, test).exists():
+                cmds.append([py, "-m", "tfx.evaluate", str(run / name), "--src", str(args.data_dir / f"{test}.{src}"),
+                             "--ref", str(args.data_dir / f"{test}.{tgt}"), "--beam", "5", "--tok-bleu", "--quiet",
+                             "--output", str(run / "test" / f"{kind}_{test}.hyp")])  # fmt: skip
+    return cmds
+
+
+def run_decodes(args: argparse.Namespace) -> int:
+    """Stage 3: per finished run, average first, then its decodes ``--jobs`` at a time; the number that failed."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+
+    def one_run(run: Path) -> int:
+        failed = 0
+        for cmd in decode_commands(args, run):
+            (run / "test").mkdir(parents=True, exist_ok=True)
+            done = subprocess.run(cmd, cwd=CHECKOUT, env=env, capture_output=True, text=True)
+            failed += done.returncode != 0
+            if done.returncode:
+                print(f"{' '.join(cmd[:4])}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}", file=sys.stderr)
+        return failed
+
+    runs = [r for arm in args.arms for r in final_runs(args.out, arm, args.seeds).values() if finished(r)]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        return sum(pool.map(one_run, runs))
+
+
+def finished(run: Path) -> bool:
+    """A run whose metrics end with a completed or early-stop record (not diverged, not interrupted)."""
+    if not (run / FILENAME).exists():
+        return False
+    ends = [r for r in read_metrics(run / FILENAME) if r["event"] == "end"]
+    return bool(ends) and not ends[-1]["status"].startswith(("stopped", "diverged"))
+
+
+def test_scores(run: Path, kind: str, test: str) -> tuple[float, float]:
+    """(sacreBLEU, lowercased tokenized BLEU) of one decode; nan where it is not scored."""
+    path = score_path(run, kind, test)
+    if not path.exists():
+        return math.nan, math.nan
+    scores = json.loads(path.read_text())["scores"]
+    return scores[0]["score"], (scores[1]["score"] if len(scores) > 1 else math.nan)
+
+
+def mean_std(values: list[float]) -> str:
+    """``mean ± std (v1 / v2 / ...)`` over the finite values (sample std; one value: no ±)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "—"
+    each = " / ".join(f"{v:.2f}" for v in finite)
+    if len(finite) == 1:
+        return f"{finite[0]:.2f}"
+    return f"{statistics.fmean(finite):.2f} ± {statistics.stdev(finite):.2f} ({each})"
+
+
+def valid_curve(run: Path) -> list[float]:
+    records = read_metrics(run / FILENAME) if (run / FILENAME).exists() else []
+    return [r["valid/bleu"] for r in records if r["event"] == "valid"]
+
+
+def write_report(out: Path) -> str:
+    study = json.loads((out / "study.json").read_text())
+    args = argparse.Namespace(**study["args"])
+    lines = [
+        f"# Converged comparison: Multi30k {args.direction}, {args.layers}+{args.layers} layers, seeds {args.seeds}",
+        "",
+        f"Every run: `{' '.join(study['overrides'])}`; grid: lr {args.lrs} x dropout {args.dropouts} x warmup "
+        f"{args.warmups} ({args.grid_epochs} epochs, seed 1; warmup-free methods: warmup 0), then patience "
+        f"{args.patience}, at most {args.max_epochs} epochs. Test: beam 5; `best` = the best-valid checkpoint, `avg` ="
+        f" the best window of {WINDOW} numbered checkpoints on valid. sacreBLEU (13a, cased) / tokBLEU (lowercased,"
+        f" tokenized). Wall time {study['wall_seconds'] / 60:.1f} min.",
+        "",
+        "| arm | setting | epochs to best | valid | " + " | ".join(
+            f"{label} {kind} sacre / tok" for label in TEST_SETS.values() for kind in KINDS) + " |",
+        "|---|---|---|---|" + "---|" * (len(TEST_SETS) * len(KINDS)),
+    ]  # fmt: skip
+    for arm, setting in study["settings"].items():
+        runs = list(final_runs(out, arm, args.seeds).values())
+        bests = [best_valid(r) for r in runs]
+        cells = [setting_name(*setting), mean_std([float(e) for _, e in bests if e]), mean_std([b for b, _ in bests])]
+        for test in TEST_SETS:
+            for kind in KINDS:
+                pairs = [test_scores(r, kind, test) for r in runs]
+                cells.append(f"{mean_std([p[0] for p in pairs])} / {mean_std([p[1] for p in pairs])}")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    (out / "converged_study.md").write_text(text)
+    plot(out, study, args)
+    return text
+
+
+def plot(out: Path, study: dict[str, Any], args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm in study["settings"]:
+        curves = [c for c in map(valid_curve, final_runs(out, arm, args.seeds).values()) if c]
+        if not curves:
+            continue
+        n = max(map(len, curves))
+        at = [[c[i] for c in curves if i < len(c)] for i in range(n)]
+        epochs = range(1, n + 1)
+        ax.plot(epochs, [statistics.fmean(v) for v in at], marker="o", markersize=3, label=arm)
+        ax.fill_between(epochs, [min(v) for v in at], [max(v) for v in at], alpha=0.2)
+    ax.set(xlabel="epoch", ylabel="valid BLEU (greedy)", title="valid BLEU per epoch (mean; band: seeds' range)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "converged_study.png", dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("outputs/converged_study"))
+    p.add_argument("--data-dir", type=Path, default=CHECKOUT.parent / "shared" / "data" / "multi30k")
+    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
+    p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers (12: the deeper table)")
+    p.add_argument("--direction", choices=["de-en", "en-de"], default="de-en")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1])
+    p.add_argument("--patience", type=int, default=3)
+    p.add_argument("--max-epochs", type=int, default=30)
+    p.add_argument("--grid-epochs", type=int, default=3, help="epochs per grid run (the shorter budget)")
+    p.add_argument("--lrs", type=float, nargs="+", default=[5e-4, 1e-3])
+    p.add_argument("--dropouts", type=float, nargs="+", default=[0.1, 0.3])
+    p.add_argument("--warmups", type=int, nargs="+", default=[0, 100, 400, 1000])
+    p.add_argument("--jobs", type=int, default=2, help="runs (and decodes) at once")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--preset", choices=["cpu", "gpu"], default="cpu",
+                   help="gpu: 3 seeds, one job at a time on CUDA in bf16 with packed batches")  # fmt: skip
+    p.add_argument("--replot", action="store_true")
+    p.add_argument("overrides", nargs="*", help="KEY=VALUE overrides for every run (before the options)")
+    args = p.parse_args(argv)
+    if args.preset == "gpu":
+        args.seeds, args.jobs, args.precision = [1, 2, 3], 1, "bf16"
+        args.overrides = ["train.device=cuda", "data.batching=packed", *args.overrides]
+    args.out, args.data_dir = args.out.resolve(), args.data_dir.resolve()
+    return args
+
+
+def check_data(args: argparse.Namespace) -> str | None:
+    names = ["train", "valid", *TEST_SETS]
+    missing = [f"{n}.{lang}" for n in names for lang in ("de", "en") if not (args.data_dir / f"{n}.{lang}").exists()]
+    hint = "(--data-dir: Multi30k as raw text files)"
+    return f"{args.data_dir}: missing {', '.join(missing)} {hint}" if missing else None
+
+
+def run_study(args: argparse.Namespace) -> int:
+    """study.json first, then grid, converged runs and decodes; a re-run continues where it stopped."""
+    if problem := check_data(args):
+        print(problem, file=sys.stderr)
+        return 2
+    path = args.out / "study.json"
+    saved = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("replot", "out")}
+    fresh = {"arms": [], "overrides": shared_overrides(args), "args": saved, "settings": {}, "wall_seconds": 0.0}
+    if (study := open_study(path, fresh, args.arms)) is None:
+        return 2
+    path.write_text(json.dumps(study, indent=1))
+    tic = time.perf_counter()
+    try:
+        code = run_grid(args)
+        if code == 0:
+            study["settings"].update({arm: chosen_setting(args.out, arm, args) for arm in args.arms})
+            path.write_text(json.dumps(study, indent=1))
+            code = run_converged(args, {arm: study["settings"][arm] for arm in args.arms})
+        failed = run_decodes(args) if code == 0 else 0
+    except KeyboardInterrupt:
+        code, failed = 130, 0
+    study["wall_seconds"] += time.perf_counter() - tic
+    path.write_text(json.dumps(study, indent=1))
+    if code or failed:
+        print(f"stopped (exit {code}, {failed} decodes failed); run the same command again to go on", file=sys.stderr)
+        return code or 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return train_or_replot(parse_args(argv), run_study, write_report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""scripts/converged_study.py: the grid's choice, mean +- std over seeds, and a micro study that trains
+(grid, then seeds with patience), decodes, reports and resumes without redoing work. CPU, fp32."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import load_script
+from tests.scripts.test_budget_study import small_corpus
+
+
+@pytest.fixture(scope="module")
+def cs() -> ModuleType:
+    return load_script("converged_study")
+
+
+def test_mean_std_from_known_seed_values(cs: ModuleType) -> None:
+    assert cs.mean_std([30.0, 32.0, 34.0]) == "32.00 ± 2.00 (30.00 / 32.00 / 34.00)"
+    assert cs.mean_std([31.5, float("nan")]) == "31.50"  # an unscored seed is left out, and said so by its absence
+    assert cs.mean_std([]) == "—"
+
+
+def _valid_run(folder: Path, bleus: list[float]) -> None:
+    folder.mkdir(parents=True)
+    lines = [{"event": "valid", "step": 10 * i, "valid/bleu": b} for i, b in enumerate(bleus, 1)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_the_grid_picks_the_best_valid_bleu_and_warmup_free_arms_keep_warmup_0(cs: ModuleType, tmp_path: Path) -> None:
+    args = cs.parse_args(["--out", str(tmp_path), "--lrs", "0.0005", "0.001", "--dropouts", "0.3", "--warmups", "0",
+                          "400"])  # fmt: skip
+    assert cs.grid_settings("tfixup", args) == [(0.0005, 0.3, 0), (0.001, 0.3, 0)]
+    assert len(cs.grid_settings("postln", args)) == 4
+    scores = {(0.0005, 0.3, 0): [10, 20], (0.0005, 0.3, 400): [12, 24.5], (0.001, 0.3, 0): [5], (0.001, 0.3, 400): []}
+    for setting, bleus in scores.items():
+        if bleus:
+            _valid_run(tmp_path / "runs" / "grid" / "postln" / cs.setting_name(*setting), bleus)
+    assert cs.chosen_setting(tmp_path, "postln", args) == (0.0005, 0.3, 400)
+    assert cs.best_valid(tmp_path / "runs" / "grid" / "postln" / "lr0.0005_d0.3_w400") == (24.5, 2)
+
+
+@pytest.mark.slow
+def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path: Path) -> None:
+    out, data = tmp_path / "study", small_corpus(tmp_path / "data")
+    tiny = ["model.d_model=16", "model.ffn_dim=32", "model.heads=2", "data.vocab_size=60", "data.max_tokens=256",
+            f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    argv = [*tiny, "--out", str(out), "--arms", "postln", "--data-dir", str(data), "--layers", "1",
+            "--lrs", "0.001", "--dropouts", "0.1", "--warmups", "0", "10", "--grid-epochs", "1",
+            "--max-epochs", "2", "--patience", "1", "--seeds", "1"]  # fmt: skip
+    assert cs.main(argv) == 0
+    grid = sorted(p.name for p in (out / "runs" / "grid" / "postln").iterdir())
+    assert grid == ["lr0.001_d0.1_w0", "lr0.001_d0.1_w10"]
+    run = out / "runs" / "final" / "postln" / "seed1"
+    for kind in cs.KINDS:
+        for test in cs.TEST_SETS:
+            sacre, tok = cs.test_scores(run, kind, test)
+            assert 0 <= sacre <= 100 and 0 <= tok <= 100
+    table = (out / "converged_study.md").read_text()
+    chosen = json.loads((out / "study.json").read_text())["settings"]["postln"]
+    assert f"| postln | {cs.setting_name(*chosen)} |" in table
+    assert (out / "converged_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    outputs = [p for p in out.rglob("*") if p.suffix in (".pt", ".json") and p.name != "study.json"]
+    touched = {p: p.stat().st_mtime_ns for p in outputs}
+    assert cs.main(argv) == 0  # resumed: nothing left to train or decode
+    changed = [p for p, t in touched.items() if p.stat().st_mtime_ns != t]
+    assert changed == [], changed
