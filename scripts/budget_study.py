@@ -28,14 +28,21 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tfx.metrics_log import FILENAME, read_metrics
 from tfx.studies.arms import ARMS
-from tfx.studies.harness import CHECKOUT, multirun, open_study, running_mean, train_or_replot
+from tfx.studies.harness import (
+    CHECKOUT,
+    missing_files,
+    multirun,
+    open_study,
+    run_recorded,
+    running_mean,
+    train_or_replot,
+)
 
 DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "admin", "xavier_noln"]
 TEST_LABELS = {"test": "test2016", "test_2017_flickr": "test2017 flickr", "test_2018_flickr": "test2018 flickr"}
@@ -190,18 +197,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def check_data(data_dir: Path) -> str | None:
-    """Why the corpus cannot be used, or None."""
-    names = ["train", "valid", *TEST_SETS]
-    missing = [f"{n}.{lang}" for n in names for lang in ("de", "en") if not (data_dir / f"{n}.{lang}").exists()]
-    return f"{data_dir}: missing {', '.join(missing)} (--data-dir: Multi30k as raw text files)" if missing else None
-
-
 def train_and_decode(args: argparse.Namespace) -> int:
     """``study.json`` first (so ``--replot`` works on a stopped study), then training, then the test decodes.
 
     A later invocation into the same ``--out`` with the same settings adds its arms to the study."""
-    if problem := check_data(args.data_dir):
+    if problem := missing_files(args.data_dir, ["train", "valid", *TEST_SETS]):
         print(problem, file=sys.stderr)
         return 2
     path = args.out / "study.json"
@@ -209,19 +209,12 @@ def train_and_decode(args: argparse.Namespace) -> int:
              "wall_seconds": 0.0}  # fmt: skip
     if (study := open_study(path, fresh, args.methods)) is None:
         return 2
-    path.write_text(json.dumps(study, indent=1))
-    tic = time.perf_counter()
-    try:
+
+    def work() -> tuple[int, int]:
         code = launch(args)
-        failed = decode_all(decode_jobs(args.out, args.methods, args.data_dir), args.jobs) if code == 0 else 0
-    except KeyboardInterrupt:
-        code, failed = 130, 0
-    study["wall_seconds"] += time.perf_counter() - tic
-    path.write_text(json.dumps(study, indent=1))
-    if code or failed:
-        print(f"stopped (exit {code}, {failed} decodes failed); re-run the same command to finish", file=sys.stderr)
-        return code or 1
-    return 0
+        return code, decode_all(decode_jobs(args.out, args.methods, args.data_dir), args.jobs) if code == 0 else 0
+
+    return run_recorded(path, study, work)
 
 
 def main(argv: list[str] | None = None) -> int:

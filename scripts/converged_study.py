@@ -32,14 +32,13 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tfx.metrics_log import FILENAME, read_metrics
 from tfx.studies.arms import ARMS
-from tfx.studies.harness import CHECKOUT, multirun, open_study, train_or_replot
+from tfx.studies.harness import CHECKOUT, missing_files, multirun, open_study, run_recorded, train_or_replot
 
 DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "admin", "xavier_noln"]
 WARMUP_FREE = {"tfixup", "xavier_noln", "postln_nowarmup"}  # methods whose recipe is no warmup at all
@@ -276,16 +275,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def check_data(args: argparse.Namespace) -> str | None:
-    names = ["train", "valid", *TEST_SETS]
-    missing = [f"{n}.{lang}" for n in names for lang in ("de", "en") if not (args.data_dir / f"{n}.{lang}").exists()]
-    hint = "(--data-dir: Multi30k as raw text files)"
-    return f"{args.data_dir}: missing {', '.join(missing)} {hint}" if missing else None
-
-
 def run_study(args: argparse.Namespace) -> int:
     """study.json first, then grid, converged runs and decodes; a re-run continues where it stopped."""
-    if problem := check_data(args):
+    src, tgt = args.direction.split("-")
+    if problem := missing_files(args.data_dir, ["train", "valid", *TEST_SETS], (src, tgt)):
         print(problem, file=sys.stderr)
         return 2
     path = args.out / "study.json"
@@ -293,23 +286,17 @@ def run_study(args: argparse.Namespace) -> int:
     fresh = {"arms": [], "overrides": shared_overrides(args), "args": saved, "settings": {}, "wall_seconds": 0.0}
     if (study := open_study(path, fresh, args.arms)) is None:
         return 2
-    path.write_text(json.dumps(study, indent=1))
-    tic = time.perf_counter()
-    try:
-        code = run_grid(args)
-        if code == 0:
-            study["settings"].update({arm: chosen_setting(args.out, arm, args) for arm in args.arms})
-            path.write_text(json.dumps(study, indent=1))
-            code = run_converged(args, {arm: study["settings"][arm] for arm in args.arms})
-        failed = run_decodes(args) if code == 0 else 0
-    except KeyboardInterrupt:
-        code, failed = 130, 0
-    study["wall_seconds"] += time.perf_counter() - tic
-    path.write_text(json.dumps(study, indent=1))
-    if code or failed:
-        print(f"stopped (exit {code}, {failed} decodes failed); run the same command again to go on", file=sys.stderr)
-        return code or 1
-    return 0
+
+    def work() -> tuple[int, int]:
+        if code := run_grid(args):
+            return code, 0
+        study["settings"].update({arm: chosen_setting(args.out, arm, args) for arm in args.arms})
+        path.write_text(json.dumps(study, indent=1))
+        if code := run_converged(args, {arm: study["settings"][arm] for arm in args.arms}):
+            return code, 0
+        return 0, run_decodes(args)
+
+    return run_recorded(path, study, work)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,29 @@ def train_or_replot(args: argparse.Namespace, train: Callable[[argparse.Namespac
         print(f"--replot: {args.out / 'study.json'} not found; run the study first", file=sys.stderr)
         return 2
     print(report(args.out))
+    return 0
+
+
+def missing_files(data_dir: Path, names: list[str], langs: tuple[str, ...] = ("de", "en")) -> str | None:
+    """Why ``data_dir`` cannot be a study's corpus (the ``{name}.{lang}`` files it lacks), or None."""
+    missing = [f"{n}.{lang}" for n in names for lang in langs if not (data_dir / f"{n}.{lang}").exists()]
+    return f"{data_dir}: missing {', '.join(missing)} (--data-dir: Multi30k as raw text files)" if missing else None
+
+
+def run_recorded(path: Path, study: dict[str, Any], work: Callable[[], tuple[int, int]]) -> int:
+    """``work()`` -> (exit code of the runs, failed decodes), its wall time added to ``study.json`` at ``path``
+    even when interrupted; a stopped study says how to go on (the same command resumes it)."""
+    path.write_text(json.dumps(study, indent=1))
+    tic = time.perf_counter()
+    try:
+        code, failed = work()
+    except KeyboardInterrupt:
+        code, failed = 130, 0
+    study["wall_seconds"] += time.perf_counter() - tic
+    path.write_text(json.dumps(study, indent=1))
+    if code or failed:
+        print(f"stopped (exit {code}, {failed} decodes failed); re-run the same command to finish", file=sys.stderr)
+        return code or 1
     return 0
 
 
