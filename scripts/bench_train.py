@@ -303,14 +303,20 @@ def timed_updates(stepper: Stepper, batches: list[Batch], cfg: Config, warmup: i
 
 
 def kernel_stats(stepper: Stepper, batch: Batch, lr: float, step_s: float) -> tuple[int, float]:
-    """(CUDA kernels, kernel time / ``step_s``) of one profiled update (memcpy/memset time counts as busy,
-    not as kernels). Wall time is the unprofiled ``step_s``: the profiler's own overhead would understate it."""
-    from torch.autograd import DeviceType
+    """(CUDA kernels, GPU-busy fraction) of one profiled update; see ``device_activity``."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         read([stepper.update([batch], lr)])
-    device_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return device_activity(prof.events(), step_s)
+
+
+def device_activity(events: list, step_s: float) -> tuple[int, float]:
+    """(kernels, device time / ``step_s``) of a profile's CUDA events: memcpy/memset time counts as busy, not
+    as kernels. The wall time is the unprofiled ``step_s``: the profiler's own overhead would understate it."""
+    from torch.autograd import DeviceType
+
+    device_events = [e for e in events if e.device_type == DeviceType.CUDA]
     busy_s = sum(e.time_range.elapsed_us() for e in device_events) / 1e6
     kernels = sum(1 for e in device_events if not e.name.startswith(("Memcpy", "Memset")))
     return kernels, busy_s / step_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import numpy as np
 import pytest
@@ -143,6 +143,19 @@ def test_packed_run_compiles_static_once_and_times_the_torch_peer(
     for r in peers:
         tfx_rate, peer_rate, ratio = float(r[2]), float(r[4]), float(r[5])
         assert tfx_rate > 0 and peer_rate > 0 and ratio == pytest.approx(tfx_rate / peer_rate, abs=0.01 + 1 / peer_rate)
+
+
+def test_device_activity_counts_cuda_kernels_and_their_time(bench: ModuleType) -> None:
+    """Kernels and copies on the GPU count as busy time, CPU ops not; copies are not kernels."""
+    from torch.autograd import DeviceType
+
+    def event(name: str, us: float, device: DeviceType = DeviceType.CUDA) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    events = [event("aten::mm", 900.0, DeviceType.CPU), event("sm90_xmma_gemm", 300.0), event("elementwise", 100.0),
+              event("Memcpy HtoD (Pinned -> Device)", 100.0), event("Memset (Device)", 0.0)]  # fmt: skip
+    kernels, busy = bench.device_activity(events, step_s=0.001)
+    assert kernels == 2 and busy == pytest.approx(0.5)
 
 
 def test_torch_peer_needs_synthetic_batches(bench: ModuleType) -> None:
