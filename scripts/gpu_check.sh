@@ -7,7 +7,7 @@
 #
 # Steps, in this order, each time-boxed (`timeout`), its status and seconds in the report, its full output in
 # OUT/logs/NAME.log:
-# 1. gpu_tests (T_TESTS 90 s): pytest -m gpu: bf16 and fp16 (loss-scaled) steps, resume on CUDA = an uninterrupted
+# 1. gpu_tests (T_TESTS 100 s): pytest -m gpu: bf16 and fp16 (loss-scaled) steps, resume on CUDA = an uninterrupted
 #    run, checkpoint -> tfx.translate on CUDA, a 1-GPU torchrun run, and test_an_update_makes_no_host_sync (padded
 #    and packed) under torch.cuda.set_sync_debug_mode("error").
 # 2. throughput_4k (T_BENCH 170 s): scripts/bench_train.py at the iwslt sizes (6+6, d 512), bf16, packed synthetic
@@ -15,7 +15,7 @@
 #    same batches with the same compile setting; the compile-off row has the torch.profiler table. Each row: tgt
 #    tokens/s, MFU on real tokens, the cold first update (compilation), graphs, recompiles, kernels/update, GPU busy.
 # 3. throughput_32k (T_BENCH_32K 110 s): the same, compile on only, data.max_tokens=32768 (1024 x 32).
-# 4. deep_bench (T_DEEP_BENCH 90 s): bench_train.py with +experiment=deep (200+200 layers, d 512), 4096-token packed
+# 4. deep_bench (T_DEEP_BENCH 80 s): bench_train.py with +experiment=deep (200+200 layers, d 512), 4096-token packed
 #    batches, bf16, compile off, 3 timed updates: s/update and MFU.
 # 5. deep_width (T_DEEP 240 s per precision; DEEP_AT_WIDTH=1 runs it, default off on a GPU: with it the boxes add up
 #    to 770 s, over the device's 10-minute command limit, so lower the others' boxes or run it in its own call):
@@ -82,8 +82,8 @@ if [[ ${dry} == 1 ]]; then  # tiny sizes, CPU, one thread, fp32, eager backend (
     memory=(--layers 2 --d-model 16 --vocab 60 --sentences 2 --length 5 --steps 1 --threads 1)
 else
     device=cuda
-    # 90 + 170 + 110 + 90 + 70 = 530 s: the device machine runs one command for at most 10 minutes
-    t_tests=${T_TESTS:-90} t_bench=${T_BENCH:-170} t_bench_32k=${T_BENCH_32K:-110} t_deep_bench=${T_DEEP_BENCH:-90}
+    # 100 + 170 + 110 + 80 + 70 = 530 s: the device machine runs one command for at most 10 minutes
+    t_tests=${T_TESTS:-100} t_bench=${T_BENCH:-170} t_bench_32k=${T_BENCH_32K:-110} t_deep_bench=${T_DEEP_BENCH:-80}
     t_deep=${T_DEEP:-240} t_memory=${T_MEMORY:-70}
     deep_at_width=${DEEP_AT_WIDTH:-0}
     bench_over=(train.precision=bf16)
