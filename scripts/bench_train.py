@@ -1,41 +1,68 @@
-"""Training throughput at a named experiment's sizes: target tokens/s, model FLOPs utilization, profile.
+"""Training throughput at a named experiment's sizes: real target tokens/s, model FLOPs utilization, profile.
 
-Builds the experiment's model (``+experiment=NAME`` plus any Hydra overrides), its init, the
-trainer's fused AdamW and ``train.precision`` (tfx/precision.py: autocast, fp16 loss scaling,
-unscale + clip), optionally ``torch.compile`` as the trainer wraps it, and times the trainer's
-update (forward, label-smoothed loss, backward, clip, optimizer step) on synthetic batches: random
-token ids at the experiment's vocabulary size, ``max_tokens`` per batch, cycling through a few
-sentence lengths as token bucketing does. No corpus is read, so data loading is not in the figure.
-``--real-data`` times tfx.train's own first batches instead: the experiment's corpus (e.g.
-``data=multi30k``), its sentencepiece vocabulary, ``make_batches`` with the run's seed and epoch 1,
-collated before the clock starts, tokens counted as the trainer does (non-pad target tokens).
+Times the trainer's own update: the experiment's model (``+experiment=NAME`` plus any Hydra
+overrides), its init, fused AdamW and ``train.precision``, optionally ``torch.compile``, stepped by
+``tfx.step.Stepper.update`` (forward, label-smoothed loss, backward, clip, optimizer step, on the
+device with no host sync) and read with ``tfx.step.read`` once, after the timed loop, as
+``python -m tfx.train`` reads a log interval. Batches stay in (pinned) host memory and each update
+copies its own to the device, as in the trainer; ``train.layer_stats_every_updates`` updates are
+not in the figure.
 
-``--peer`` (implies ``--real-data``) runs ``../shared/bench/fairseq_peer.sh`` in the same invocation
-(fairseq 0.12.2, ``transformer_iwslt_de_en``, tied decoder embeddings, dropout 0.3, max_tokens 4096,
-Multi30k De->En with its own 8k joint BPE, ``OMP_NUM_THREADS=--threads``) and prints both target
-tokens/s and their ratio. Both sides are steady state: fairseq's figure is its ``train_inner`` log
-lines after the first (``--log-interval 10``: updates 11..N), tfx's the ``--steps`` updates after
-``--warmup``. ``--repeat R`` alternates the two R times, so a busy machine shows up as spread.
+Batches (``--batching padded|packed``):
+
+- synthetic (default): random token ids at the experiment's vocabulary size, ``max_tokens // L``
+  full rows of length L per batch, cycling through ``--lengths``. No padding, so a batch is also a
+  valid packed batch of one sentence per row: ``packed`` gives it a ``Packing`` (one segment per
+  row) and the model runs its packed attention masks, ``padded`` its padding masks. No corpus is
+  read: data loading is not in the figure.
+- ``--real-data``: tfx.train's own first batches of epoch 1, planned by ``tfx.data.plan.TrainBatches``
+  from the experiment's corpus (``data.batching`` set from ``--batching``), collated before the clock.
+
+``torch.compile`` (``--compile on``) is static (``dynamic=False``) when every batch has one shape
+(packed, or synthetic with one length), with symbolic shapes otherwise, as ``tfx.build.wrap``
+decides. Each row reports the first warm-up update's wall time (cold: compilation, allocator and
+kernel warm-up), the graphs dynamo compiled and the recompiles (frames compiled after the first
+update; a static run expects none), and on CUDA, from one ``torch.profiler`` update after the timed
+loop, the kernels per update and the GPU-busy fraction (CUDA kernel time of that update over the
+timed ms/update); on CPU those two are n/a.
 
 Model FLOPs utilization (MFU, as in PaLM, Chowdhery et al. 2022, appendix B) counts the FLOPs the
-model needs, not what the kernels do (no recomputation, no padding):
+model needs on **real (non-pad) tokens only**, not what the kernels do (no recomputation, no
+padding, no masked-out attention across packed sentences):
 
 - matmuls: 6 x parameters x tokens (2 forward, 4 backward), each parameter counted on the stream it
-  runs over: encoder layers on source tokens, decoder layers and the output projection (d x V,
-  tied or not) on target tokens; embedding lookups are free;
-- attention scores and values: 12 x d x T_q x T_k per layer and sentence (encoder self, decoder
-  self without the causal saving, decoder cross).
+  runs over: encoder layers on real source tokens, decoder layers and the output projection
+  (d x V, tied or not) on real target tokens; embedding lookups are free;
+- attention scores and values: 12 x d x T_q x T_k per layer and sentence, summed over sentences
+  with each sentence's own lengths s_i, t_i (encoder self s_i^2, decoder self t_i^2 without the
+  causal saving, decoder cross t_i x s_i): padded rows' real lengths, packed rows' segments.
 
 MFU = those FLOPs per second / the device's dense bf16 peak: ``PEAK_TFLOPS`` by device name
 (``--peak-tflops`` overrides, and is needed on CPUs). ``--profile`` adds a ``torch.profiler``
-breakdown of one step by operator family (self time, so nothing is counted twice).
+breakdown of the first setting by operator family (self time, so nothing is counted twice).
+
+Peers, in the same invocation:
+
+- ``--torch-peer``: ``scripts/torch_peer.py``'s ``PeerTrainer`` (nn.Transformer Post-LN, fused
+  AdamW, bf16, torch.compile static) on the very same synthetic batches, compile on/off as each tfx
+  row; prints its target tokens/s and the ratio tfx / peer.
+- ``--peer`` (implies ``--real-data``): ``../shared/bench/fairseq_peer.sh`` (fairseq 0.12.2,
+  ``transformer_iwslt_de_en``, Multi30k, ``OMP_NUM_THREADS=--threads``), both sides steady state
+  (fairseq's ``train_inner`` lines after the first, tfx's ``--steps`` after ``--warmup``);
+  ``--repeat R`` alternates the two R times.
+- ``--end-to-end N``: also runs ``python -m tfx.train +experiment=NAME train.max_updates=N`` (same
+  overrides and batching, validation and numbered saves off) per compile setting and reports its
+  real target tokens per training second from its ``metrics.jsonl`` beside the bench's figure. That
+  figure includes the run's first updates (compilation, warm-up) and its data loading.
 
 Usage::
 
-    python scripts/bench_train.py --experiment iwslt --compile off on          # GPU
+    python scripts/bench_train.py --experiment iwslt --batching packed --compile off on --lengths 32 --torch-peer
     python scripts/bench_train.py --experiment iwslt --profile --device cpu --steps 3 model.encoder_layers=2
     python scripts/bench_train.py --experiment iwslt --device cpu --threads 1 --peer --warmup 2 --steps 10 \
         data=multi30k data.local_dir=../shared/data/multi30k train.precision=fp32   # tfx vs fairseq
+    python scripts/bench_train.py --experiment multi30k --real-data --batching packed --end-to-end 50 \
+        data.local_dir=../shared/data/multi30k
 
 Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
 """
@@ -43,29 +70,36 @@ Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
+from torch import Tensor
 
 from tfx.config import Config, compose_config
-from tfx.criterion import label_smoothed_loss
-from tfx.data import BOS, PAD, collate, make_batches, prepare_data
+from tfx.data import BOS, PAD, Batch, prepare_data
+from tfx.data.plan import TrainBatches
 from tfx.distributed import DeviceError, resolve_device
 from tfx.init import apply_init
 from tfx.model import Transformer, build_model
-from tfx.optim import build_optimizer, lr_at, set_lr
+from tfx.model.packing import Packing
+from tfx.optim import build_optimizer, lr_at
 from tfx.precision import Precision
+from tfx.step import Pending, Stepper, read
 
 PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "fairseq_peer.sh"
 PEER_LOG_INTERVAL = 10  # fairseq_peer.sh's --log-interval
+TORCH_PEER = Path(__file__).resolve().with_name("torch_peer.py")
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s from NVIDIA's data sheets; first match of the
 # device name wins, so the more specific names come first. V100/T4 have no bf16: their fp16 peak.
@@ -92,8 +126,8 @@ FAMILIES = (
     ("optimizer + clipping", r"adam|_foreach|multi_tensor_apply"),
 )
 
-
 TOP_OTHER = 6  # ops of the "other" family named under the table
+EXPECTED_GRAPHS = 2  # a compiled update: forward+backward of the model; more means graph breaks or recompiles
 
 
 def compose(experiment: str, overrides: list[str]) -> Config:
@@ -110,8 +144,16 @@ def peak_tflops(device: torch.device, override: float | None) -> float | None:
     return next((peak for key, peak in PEAK_TFLOPS if key in name), None)
 
 
-def synthetic_batches(vocab: int, max_tokens: int, lengths: list[int], device: torch.device, seed: int = 0):
-    """One (src, prev_output_tokens, target, ntokens) per length: ``max_tokens // length`` sentences, no padding."""
+# ------------------------------------------------------------------ batches
+def one_segment_packing(rows: int, length: int) -> Packing:
+    """Packing of full rows holding one sentence each: segment 1 everywhere, positions 0..length-1."""
+    segments = torch.ones(rows, length, dtype=torch.long)
+    positions = torch.arange(length).expand(rows, length).contiguous()
+    return Packing(segments, segments.clone(), positions, positions.clone())
+
+
+def synthetic_batches(vocab: int, max_tokens: int, lengths: list[int], packed: bool, seed: int = 0) -> list[Batch]:
+    """One batch per length: ``max_tokens // length`` full rows (no padding); ``packed``: with their ``Packing``."""
     g = torch.Generator().manual_seed(seed)
     batches = []
     for n in lengths:
@@ -119,43 +161,104 @@ def synthetic_batches(vocab: int, max_tokens: int, lengths: list[int], device: t
         src = torch.randint(4, vocab, (rows, n), generator=g)
         target = torch.randint(4, vocab, (rows, n), generator=g)
         prev = torch.cat([torch.full((rows, 1), BOS), target[:, :-1]], dim=1)
-        batches.append((src.to(device), prev.to(device), target.to(device), target.numel()))
+        packing = one_segment_packing(rows, n) if packed else None
+        batches.append(Batch(src, torch.full((rows,), n), prev, target, target.numel(), list(range(rows)), packing))
     return batches
 
 
-def real_batches(cfg: Config, count: int, device: torch.device) -> tuple[list, int]:
-    """tfx.train's first ``count`` batches of epoch 1 (same corpus, vocabulary, seed and plan), and the vocab size."""
+def real_batches(cfg: Config, count: int) -> tuple[list[Batch], int]:
+    """tfx.train's first ``count`` batches of epoch 1 on rank 0 (same corpus, vocabulary, seed, ``data.batching``
+    and plan: ``TrainBatches``), and the vocab size."""
     corpus = prepare_data(cfg.data, seed=cfg.train.seed, splits=("train",))
-    train = corpus.splits["train"]
-    plan = make_batches(train, cfg.data.max_tokens, cfg.data.max_sentences, shuffle=True, seed=cfg.train.seed)
-    batches = []
-    for indices in plan[:count]:
-        b = collate(train, indices).to(device)
-        batches.append((b.src_tokens, b.prev_output_tokens, b.target, b.ntokens))
+    plan = TrainBatches(corpus.splits["train"], cfg.data, cfg.train.seed, rank=0, world_size=1)
+    planned = plan.epoch(1)
+    if not planned:
+        raise ValueError("the training split planned no batches")
+    batches = [plan.collate(planned[i % len(planned)]) for i in range(count)]
     return batches, corpus.tokenizer.vocab_size
+
+
+def one_shape(batches: list[Batch]) -> bool:
+    """Whether every batch has the same source and target shape: a static compile then specializes once."""
+    return len({(tuple(b.src_tokens.shape), tuple(b.target.shape)) for b in batches}) == 1
+
+
+# -------------------------------------------------------------------- FLOPs
+def sentence_lengths(batch: Batch) -> tuple[Tensor, Tensor]:
+    """Real (source, target) token counts per sentence, aligned: per row when padded, per (row, segment)
+    when packed (``batch.packing``'s segment ids)."""
+    if batch.packing is None:
+        return (batch.src_tokens != PAD).sum(1), (batch.target != PAD).sum(1)
+    src_seg, tgt_seg = batch.packing.src_segments, batch.packing.tgt_segments
+    width = int(max(src_seg.max(), tgt_seg.max())) + 1  # segment ids 0..width-1 in each row
+    src = _per_segment(src_seg, width)
+    tgt = _per_segment(tgt_seg, width)
+    real = (src > 0) | (tgt > 0)
+    return src[real], tgt[real]
+
+
+def _per_segment(segments: Tensor, width: int) -> Tensor:
+    """(rows * (width - 1),) token counts of segments 1..width-1 of each row (segment 0, padding, dropped)."""
+    rows = segments.size(0)
+    flat = (torch.arange(rows)[:, None] * width + segments).flatten()
+    return torch.bincount(flat, minlength=rows * width).view(rows, width)[:, 1:].flatten()
 
 
 def layer_params(layers: torch.nn.Module) -> int:
     return sum(p.numel() for p in layers.parameters())
 
 
-def matmul_flops(model: Transformer, d_model: int, vocab: int, src: torch.Tensor, tgt: torch.Tensor) -> float:
-    """6 x parameters x tokens, each stack on its own stream, plus the output projection (see the docstring)."""
+def matmul_flops(model: Transformer, d_model: int, vocab: int, src_lens: Tensor, tgt_lens: Tensor) -> float:
+    """6 x parameters x real tokens, each stack on its own stream, plus the output projection (see the docstring)."""
     enc, dec = layer_params(model.encoder.layers), layer_params(model.decoder.layers)
-    return 6.0 * (enc * src.numel() + (dec + d_model * vocab) * tgt.numel())
+    return 6.0 * (enc * int(src_lens.sum()) + (dec + d_model * vocab) * int(tgt_lens.sum()))
 
 
-def attention_flops(model: Transformer, d_model: int, src: torch.Tensor, tgt: torch.Tensor) -> float:
+def attention_flops(model: Transformer, d_model: int, src_lens: Tensor, tgt_lens: Tensor) -> float:
     """12 x d x T_q x T_k per layer and sentence: QK^T and AV, forward (4) and backward (8)."""
-    rows, s_len = src.shape
-    t_len = tgt.shape[1]
+    s, t = src_lens.double(), tgt_lens.double()
     n_enc, n_dec = len(model.encoder.layers), len(model.decoder.layers)
-    return 12.0 * d_model * rows * (n_enc * s_len * s_len + n_dec * (t_len * t_len + t_len * s_len))
+    return 12.0 * d_model * float(n_enc * (s * s).sum() + n_dec * (t * t + t * s).sum())
 
 
-def step_flops(model: Transformer, d_model: int, vocab: int, src: torch.Tensor, tgt: torch.Tensor) -> float:
-    """Model FLOPs of one training update on this batch."""
+def batch_flops(model: Transformer, d_model: int, vocab: int, batch: Batch) -> float:
+    """Model FLOPs of one training update on this batch's real tokens."""
+    src, tgt = sentence_lengths(batch)
     return matmul_flops(model, d_model, vocab, src, tgt) + attention_flops(model, d_model, src, tgt)
+
+
+# ------------------------------------------------------------ the update
+def build_stepper(cfg: Config, vocab: int, device: torch.device, backend: str | None, static: bool) -> Stepper:
+    """The trainer's parts (tfx.build's order: model -> init -> place -> optimizer -> compile) in a Stepper."""
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, vocab, PAD)
+    apply_init(model, cfg.init.name, seed=cfg.train.seed)
+    model.to(device).train()
+    precision = Precision(cfg.train.precision, device)
+    optimizer = build_optimizer(model, cfg.optim, device)
+    # as tfx.build.wrap (which uses the default backend, inductor): static when the batches have one shape
+    net = torch.compile(model, dynamic=not static, backend=backend) if backend else model
+    return Stepper(model, net, optimizer, precision, cfg.optim, device, world_size=1)
+
+
+def dynamo_counts() -> tuple[int, int]:
+    """(graphs dynamo compiled, frames it compiled) since the last ``counters.clear()``."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"]), int(counters["frames"]["ok"])
+
+
+def reset_dynamo() -> None:
+    """Forget earlier compilations, so each row compiles (and counts) from cold."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def run_updates(stepper: Stepper, batches: list[Batch], opt_cfg, first: int, count: int) -> list[Pending]:
+    """Updates ``first .. first+count-1`` (lr as the trainer's), cycling ``batches``; nothing is read."""
+    return [stepper.update([batches[i % len(batches)]], lr_at(i, opt_cfg)) for i in range(first, first + count)]
 
 
 @dataclass
@@ -167,36 +270,156 @@ class Result:
     tokens_per_s: float
     tflops: float
     mfu: float | None
+    first_update_s: float  # the first warm-up update's wall time: compilation when compile is on
+    graphs: int | None  # dynamo's compiled graphs (compile on)
+    recompiles: int | None  # frames compiled after the first update (compile on)
+    kernels: int | None  # CUDA kernels per update (CUDA only)
+    gpu_busy: float | None  # CUDA kernel time / wall time of an update (CUDA only)
+    skipped: int  # timed updates the optimizer skipped (non-finite): should be 0
 
 
-class Bench:
-    """The model, optimizer and precision of one experiment, stepped like ``Trainer.train_step``."""
+@dataclass
+class Timing:
+    first_update_s: float
+    seconds: float
+    raw: list[dict[str, float]]
+    graphs: int
+    recompiles: int
 
-    def __init__(self, cfg: Config, vocab: int, device: torch.device, compile_backend: str | None) -> None:
-        torch.manual_seed(cfg.train.seed)
-        self.cfg, self.device = cfg, device
-        self.model = build_model(cfg.model, vocab, PAD)
-        apply_init(self.model, cfg.init.name, seed=cfg.train.seed)
-        self.model.to(device).train()
-        self.net = self.model
-        if compile_backend:  # as Trainer._wrap (which uses the default backend, inductor)
-            self.net = torch.compile(self.model, dynamic=True, backend=compile_backend)
-        self.optimizer = build_optimizer(self.model, cfg.optim, device)
-        self.precision = Precision(cfg.train.precision, device)
-        self.updates = 0
 
-    def step(self, src: torch.Tensor, prev: torch.Tensor, target: torch.Tensor, ntokens: float) -> None:
-        opt = self.cfg.optim
-        set_lr(self.optimizer, lr_at(self.updates, opt))
-        with self.precision.autocast():
-            logits = self.net(src, prev)
-            loss, _ = label_smoothed_loss(logits, target, opt.label_smoothing, PAD)
-        self.precision.backward(loss / ntokens)
-        clip = opt.clip_norm if opt.clip_norm > 0 else float("inf")
-        grad_norm = self.precision.unscale_and_clip(self.optimizer, self.model.parameters(), clip)
-        self.precision.step(self.optimizer, grad_norm, loss_finite=True)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.updates += 1
+def timed_updates(stepper: Stepper, batches: list[Batch], cfg: Config, warmup: int, steps: int) -> Timing:
+    """A cold first update, the rest of the warm-up, then ``steps`` updates read once at the end (one sync)."""
+    opt = cfg.optim
+    tic = time.perf_counter()
+    read(run_updates(stepper, batches, opt, 0, 1))  # the read waits for the device
+    first = time.perf_counter() - tic
+    _, frames_first = dynamo_counts()
+    read(run_updates(stepper, batches, opt, 1, max(warmup - 1, 0)))
+    tic = time.perf_counter()
+    raw = read(run_updates(stepper, batches, opt, warmup, steps))
+    seconds = time.perf_counter() - tic
+    graphs, frames = dynamo_counts()
+    return Timing(first, seconds, raw, graphs, frames - frames_first)
+
+
+def kernel_stats(stepper: Stepper, batch: Batch, lr: float, step_s: float) -> tuple[int, float]:
+    """(CUDA kernels, GPU-busy fraction) of one profiled update; see ``device_activity``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        read([stepper.update([batch], lr)])
+    return device_activity(prof.events(), step_s)
+
+
+def device_activity(events: list, step_s: float) -> tuple[int, float]:
+    """(kernels, device time / ``step_s``) of a profile's CUDA events: memcpy/memset time counts as busy, not
+    as kernels. The wall time is the unprofiled ``step_s``: the profiler's own overhead would understate it."""
+    from torch.autograd import DeviceType
+
+    device_events = [e for e in events if e.device_type == DeviceType.CUDA]
+    busy_s = sum(e.time_range.elapsed_us() for e in device_events) / 1e6
+    kernels = sum(1 for e in device_events if not e.name.startswith(("Memcpy", "Memset")))
+    return kernels, busy_s / step_s
+
+
+def prepare_batches(cfg: Config, args: argparse.Namespace, device: torch.device) -> list[Batch]:
+    """The batches every row times (and the torch peer too), in pinned host memory on CUDA as the trainer's."""
+    if args.real_data:
+        batches, args.vocab = real_batches(cfg, args.warmup + args.steps)
+    else:
+        batches = synthetic_batches(args.vocab, cfg.data.max_tokens, args.lengths, args.batching == "packed")
+    return [b.pin_memory() for b in batches] if device.type == "cuda" else batches
+
+
+def measure(cfg: Config, args: argparse.Namespace, batches: list[Batch], compile_model: bool) -> tuple[Result, Stepper]:
+    """One row: build, warm up, time ``args.steps`` updates of the trainer's Stepper."""
+    device = torch.device(args.device)
+    reset_dynamo()
+    static = one_shape(batches)
+    stepper = build_stepper(cfg, args.vocab, device, args.compile_backend if compile_model else None, static)
+    t = timed_updates(stepper, batches, cfg, args.warmup, args.steps)
+    timed = [batches[(args.warmup + i) % len(batches)] for i in range(args.steps)]
+    tokens = sum(r["ntokens"] for r in t.raw)
+    flops = sum(batch_flops(stepper.model, cfg.model.d_model, args.vocab, b) for b in timed)
+    step_s = t.seconds / args.steps
+    kernels = busy = None
+    if device.type == "cuda":
+        kernels, busy = kernel_stats(stepper, timed[0], lr_at(args.warmup + args.steps, cfg.optim), step_s)
+    peak = peak_tflops(device, args.peak_tflops)
+    tflops = flops / t.seconds / 1e12
+    result = Result(
+        compile=compile_model,
+        params_m=sum(p.numel() for p in stepper.model.parameters()) / 1e6,
+        tokens_per_step=tokens / args.steps,
+        step_s=step_s,
+        tokens_per_s=tokens / t.seconds,
+        tflops=tflops,
+        mfu=tflops / peak if peak else None,
+        first_update_s=t.first_update_s,
+        graphs=t.graphs if compile_model else None,
+        recompiles=t.recompiles if compile_model else None,
+        kernels=kernels,
+        gpu_busy=busy,
+        skipped=sum(1 for r in t.raw if not r["applied"]),
+    )
+    return result, stepper
+
+
+def profile_table(stepper: Stepper, batches: list[Batch], cfg: Config, steps: int) -> str:
+    """Self time per operator family over ``steps`` updates, per update."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = stepper.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        read(run_updates(stepper, batches, cfg.optim, 0, steps))
+    totals: dict[str, float] = {}
+    others: dict[str, float] = {}
+    for event in prof.key_averages():
+        us = event.self_device_time_total if cuda else event.self_cpu_time_total
+        family = next((name for name, pattern in FAMILIES if re.search(pattern, event.key, re.I)), "other")
+        totals[family] = totals.get(family, 0.0) + us
+        if family == "other":
+            others[event.key] = us
+    total = sum(totals.values()) or 1.0
+    where = "CUDA kernel" if cuda else "CPU"
+    lines = [f"| op family ({where} self time) | ms/update | share |", "|---|---:|---:|"]
+    for family, us in sorted(totals.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {family} | {us / 1e3 / steps:.2f} | {100 * us / total:.0f}% |")
+    top = sorted(others.items(), key=lambda kv: -kv[1])[:TOP_OTHER]
+    lines.append("\nlargest in other: " + ", ".join(f"{k} {100 * us / total:.1f}%" for k, us in top))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ peers
+def load_torch_peer(path: Path = TORCH_PEER) -> ModuleType:
+    """scripts/torch_peer.py as a module, from its file (scripts are not a package; no sys.path edits)."""
+    spec = importlib.util.spec_from_file_location("torch_peer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class TorchPeerResult:
+    compile: bool
+    step_s: float
+    tokens_per_s: float
+
+
+def measure_torch_peer(cfg: Config, args: argparse.Namespace, batches: list[Batch], compile_model: bool):
+    """PeerTrainer on the very same batches (on the device), the same warm-up and timed updates."""
+    peer = load_torch_peer()
+    device = torch.device(args.device)
+    m = cfg.model
+    sizes = dict(d_model=m.d_model, heads=m.heads, ffn_dim=m.ffn_dim, n_enc=m.encoder_layers, n_dec=m.decoder_layers)
+    reset_dynamo()
+    torch.manual_seed(cfg.train.seed)
+    trainer = peer.PeerTrainer(args.vocab, sizes, device, compile_model, backend=args.compile_backend)
+    on_device = [(b.src_tokens.to(device), b.prev_output_tokens.to(device), b.target.to(device), b.ntokens)
+                 for b in batches]  # fmt: skip
+    seconds, tokens = peer.time_steps(trainer, on_device, args.warmup, args.steps)
+    return TorchPeerResult(compile_model, seconds / args.steps, tokens / seconds)
 
 
 @dataclass
@@ -248,101 +471,127 @@ def run_peer(script: Path, updates: int, threads: int, timeout_s: float) -> Peer
     return parse_fairseq_log((work / "train.log").read_text())
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+# -------------------------------------------------------------- end to end
+@dataclass
+class EndToEnd:
+    updates: int
+    tokens: float
+    seconds: float  # the run's training seconds (its end record)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
 
 
-def measure(cfg: Config, args: argparse.Namespace, compile_model: bool) -> tuple[Result, Bench, list]:
-    device = torch.device(args.device)
-    if args.real_data:
-        batches, args.vocab = real_batches(cfg, args.warmup + args.steps, device)
-    else:
-        batches = synthetic_batches(args.vocab, cfg.data.max_tokens, args.lengths, device)
-    bench = Bench(cfg, args.vocab, device, args.compile_backend if compile_model else None)
-    for i in range(args.warmup):  # compiles every length bucket, warms allocator and kernels
-        bench.step(*batches[i % len(batches)])
-    sync(device)
-    timed = [batches[(args.warmup + i if args.real_data else i) % len(batches)] for i in range(args.steps)]
-    tic = time.perf_counter()
-    for batch in timed:
-        bench.step(*batch)
-    sync(device)
-    seconds = time.perf_counter() - tic
-    tokens = sum(ntokens for *_, ntokens in timed)
-    flops = sum(step_flops(bench.model, cfg.model.d_model, args.vocab, src, target) for src, _, target, _ in timed)
-    peak = peak_tflops(device, args.peak_tflops)
-    tflops = flops / seconds / 1e12
-    result = Result(
-        compile=compile_model,
-        params_m=sum(p.numel() for p in bench.model.parameters()) / 1e6,
-        tokens_per_step=tokens / args.steps,
-        step_s=seconds / args.steps,
-        tokens_per_s=tokens / seconds,
-        tflops=tflops,
-        mfu=tflops / peak if peak else None,
-    )
-    return result, bench, batches
+def read_run_metrics(run_dir: Path) -> EndToEnd:
+    """Real target tokens of the update records and the training seconds of the end record of metrics.jsonl."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in records if r["event"] == "update"]
+    end = next(r for r in records if r["event"] == "end")
+    return EndToEnd(len(updates), sum(r["train/ntokens"] for r in updates), end["train_seconds"])
 
 
-def profile_table(bench: Bench, batches: list, steps: int) -> str:
-    """Self time per operator family over ``steps`` updates, per update."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = bench.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        for i in range(steps):
-            bench.step(*batches[i % len(batches)])
-        sync(bench.device)
-    totals: dict[str, float] = {}
-    others: dict[str, float] = {}
-    for event in prof.key_averages():
-        us = event.self_device_time_total if cuda else event.self_cpu_time_total
-        family = next((name for name, pattern in FAMILIES if re.search(pattern, event.key, re.I)), "other")
-        totals[family] = totals.get(family, 0.0) + us
-        if family == "other":
-            others[event.key] = us
-    total = sum(totals.values()) or 1.0
-    where = "CUDA kernel" if cuda else "CPU"
-    lines = [f"| op family ({where} self time) | ms/update | share |", "|---|---:|---:|"]
-    for family, us in sorted(totals.items(), key=lambda kv: -kv[1]):
-        lines.append(f"| {family} | {us / 1e3 / steps:.2f} | {100 * us / total:.0f}% |")
-    top = sorted(others.items(), key=lambda kv: -kv[1])[:TOP_OTHER]
-    lines.append("\nlargest in other: " + ", ".join(f"{k} {100 * us / total:.1f}%" for k, us in top))
-    return "\n".join(lines)
+def end_to_end_command(args: argparse.Namespace, overrides: list[str], run_dir: Path, compile_model: bool) -> list[str]:
+    """``python -m tfx.train`` at the bench's config: N updates, no validation, no numbered saves."""
+    threads = [f"train.threads={args.threads}"] if args.threads > 0 else []
+    return [sys.executable, "-m", "tfx.train", f"+experiment={args.experiment}", f"hydra.run.dir={run_dir}",
+            f"train.max_updates={args.end_to_end}", "train.validate_every_updates=0", "train.validate_every_minutes=0",
+            "train.save_every_epochs=0", "train.save_every_updates=0", "train.max_minutes=0", "train.max_epochs=0",
+            "train.progress=false", f"train.compile={str(compile_model).lower()}", *threads, *overrides]  # fmt: skip
 
 
-def table_header(cfg: Config, args: argparse.Namespace) -> str:
+def run_end_to_end(args: argparse.Namespace, overrides: list[str], compile_model: bool) -> EndToEnd:
+    out = Path(args.end_to_end_dir or tempfile.mkdtemp(prefix="bench_train_e2e_"))
+    run_dir = out / f"compile_{'on' if compile_model else 'off'}"
+    cmd = end_to_end_command(args, overrides, run_dir, compile_model)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:]
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {tail}")
+    return read_run_metrics(run_dir)
+
+
+# ------------------------------------------------------------------ report
+COLUMNS = ("compile", "params (M)", "tgt tokens/update", "ms/update", "tgt tokens/s", "model TFLOP/s", "MFU",
+           "1st update s", "graphs", "recompiles", "kernels/update", "GPU busy")  # fmt: skip
+
+
+def batch_shapes(batches: list[Batch]) -> str:
+    shapes = sorted({f"{b.src_tokens.size(0)}x{b.src_tokens.size(1)}/{b.target.size(1)}" for b in batches})
+    return ", ".join(shapes[:4]) + (f" (+{len(shapes) - 4} more)" if len(shapes) > 4 else "")
+
+
+def table_header(cfg: Config, args: argparse.Namespace, batches: list[Batch]) -> str:
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     peak = peak_tflops(device, args.peak_tflops)
     m = cfg.model
+    source = "tfx.train's batches" if args.real_data else f"synthetic, lengths {args.lengths}"
+    static = "static" if one_shape(batches) else "dynamic"
     return "\n".join([
         f"{args.experiment}: {m.encoder_layers}+{m.decoder_layers} layers, d {m.d_model}, ffn {m.ffn_dim}, "
-        f"{m.heads} heads, vocab {args.vocab}, max_tokens {cfg.data.max_tokens}, lengths {args.lengths}, "
+        f"{m.heads} heads, vocab {args.vocab}, max_tokens {cfg.data.max_tokens}, {args.batching} batches "
+        f"({source}; rows x src/tgt: {batch_shapes(batches)}; compile would be {static}), "
         f"precision {Precision(cfg.train.precision, device).name}, {name}, "
         f"peak {f'{peak:g} TFLOP/s' if peak else 'unknown (--peak-tflops)'}; "
-        f"{args.steps} timed updates after {args.warmup} warm-up",
+        f"{args.steps} timed updates after {args.warmup} warm-up; FLOPs and tokens: real (non-pad) tokens only",
         "",
-        "| compile | params (M) | tgt tokens/update | ms/update | tgt tokens/s | model TFLOP/s | MFU |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|---|" + "---:|" * (len(COLUMNS) - 1),
     ])  # fmt: skip
+
+
+def _or_na(value: float | int | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
 
 
 def table_row(r: Result) -> str:
     mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "n/a"
-    return (
-        f"| {'on' if r.compile else 'off'} | {r.params_m:.1f} | {r.tokens_per_step:.0f} | {1e3 * r.step_s:.1f} "
-        f"| {r.tokens_per_s:.0f} | {r.tflops:.3g} | {mfu} |"
-    )
+    busy = f"{100 * r.gpu_busy:.0f}%" if r.gpu_busy is not None else "n/a"
+    cells = ["on" if r.compile else "off", f"{r.params_m:.1f}", f"{r.tokens_per_step:.0f}", f"{1e3 * r.step_s:.1f}",
+             f"{r.tokens_per_s:.0f}", f"{r.tflops:.3g}", mfu, f"{r.first_update_s:.2f}", _or_na(r.graphs, "d"),
+             _or_na(r.recompiles, "d"), _or_na(r.kernels, "d"), busy]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
 
 
+def warnings_for(r: Result) -> list[str]:
+    """What makes a row's figure suspect."""
+    notes = []
+    if r.skipped:
+        notes.append(f"{r.skipped} timed update(s) skipped by the optimizer (non-finite)")
+    if r.graphs is not None and r.graphs > EXPECTED_GRAPHS:
+        notes.append(f"{r.graphs} graphs compiled (expected at most {EXPECTED_GRAPHS}): graph breaks or recompiles")
+    if r.recompiles:
+        notes.append(f"{r.recompiles} recompile(s) after the first update")
+    return [f"warning (compile {'on' if r.compile else 'off'}): {n}" for n in notes]
+
+
+def peer_row(tfx: Result, peer: TorchPeerResult) -> str:
+    ratio = tfx.tokens_per_s / peer.tokens_per_s
+    return (f"| {'on' if peer.compile else 'off'} | {1e3 * tfx.step_s:.1f} | {tfx.tokens_per_s:.0f} "
+            f"| {1e3 * peer.step_s:.1f} | {peer.tokens_per_s:.0f} | {ratio:.2f} |")  # fmt: skip
+
+
+PEER_HEADER = ("| compile | tfx ms/update | tfx tgt tokens/s | torch peer ms/update | torch peer tgt tokens/s "
+               "| tfx / peer |\n|---|---:|---:|---:|---:|---:|")  # fmt: skip
+
+
+def end_to_end_row(tfx: Result, run: EndToEnd) -> str:
+    return (f"| {'on' if tfx.compile else 'off'} | {run.updates} | {run.tokens:.0f} | {run.seconds:.2f} "
+            f"| {run.tokens_per_s:.0f} | {tfx.tokens_per_s:.0f} |")  # fmt: skip
+
+
+E2E_HEADER = ("| compile | tfx.train updates | real tgt tokens | training s | tfx.train tgt tokens/s "
+              "| bench tgt tokens/s |\n|---|---:|---:|---:|---:|---:|")  # fmt: skip
+
+
+# -------------------------------------------------------------------- CLI
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.encoder_layers=2 train.precision=fp16")
     p.add_argument("--experiment", default="iwslt")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    p.add_argument("--batching", choices=["padded", "packed"], default="padded", help="data.batching (see above)")
     p.add_argument("--compile", nargs="+", choices=["off", "on"], default=["off"], help="one row each")
     p.add_argument("--compile-backend", default="inductor", help="eager: trace only (a quick dry run on CPU)")
     p.add_argument("--steps", type=int, default=30, help="timed updates")
@@ -355,12 +604,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     p.add_argument("--real-data", action="store_true", help="time tfx.train's first batches of the corpus")
+    p.add_argument("--torch-peer", action="store_true", help="also time scripts/torch_peer.py on the same batches")
+    p.add_argument("--end-to-end", type=int, default=0, metavar="N", help="also run tfx.train for N updates")
+    p.add_argument("--end-to-end-dir", type=Path, default=None, help="its run folders (default: a temporary one)")
     p.add_argument("--peer", action="store_true", help="also run fairseq_peer.sh; implies --real-data")
     p.add_argument("--peer-script", type=Path, default=PEER_SCRIPT)
     p.add_argument("--peer-updates", type=int, default=2 * PEER_LOG_INTERVAL, help="fairseq updates (timed: after 10)")
     p.add_argument("--peer-timeout", type=float, default=1800.0, help="seconds (the first run installs fairseq)")
     p.add_argument("--repeat", type=int, default=1, help="with --peer: alternate tfx and fairseq this many times")
     args = p.parse_args(argv)
+    if args.warmup < 1 or args.steps < 1:
+        p.error("--warmup and --steps must be >= 1 (the first warm-up update is the cold one)")
+    if args.torch_peer and args.real_data:
+        p.error("--torch-peer runs on synthetic batches (the peer has no packed attention): drop --real-data")
     if args.peer:
         args.real_data = True
         if args.peer_updates < 2 * PEER_LOG_INTERVAL:
@@ -370,15 +626,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def peer_comparison(cfg: Config, args: argparse.Namespace) -> int:
+def peer_comparison(cfg: Config, args: argparse.Namespace, batches: list[Batch]) -> int:
     """Alternate tfx and fairseq ``--repeat`` times; one row each, then the ratio of the medians."""
     print(f"\npeer: {args.peer_script} {args.peer_updates} {args.threads} (timed: updates "
           f"{PEER_LOG_INTERVAL + 1}..{args.peer_updates})\n", flush=True)  # fmt: skip
     print("| run | system | timed updates | tgt tokens | s | tgt tokens/s |\n|---|---|---:|---:|---:|---:|", flush=True)
     ours, theirs = [], []
     for r in range(1, args.repeat + 1):
-        result, bench, _ = measure(cfg, args, compile_model=False)
-        del bench
+        result, stepper = measure(cfg, args, batches, compile_model=False)
+        del stepper
         ours.append(result.tokens_per_s)
         tokens = result.tokens_per_step * args.steps
         print(f"| {r} | tfx | {args.steps} | {tokens:.0f} | {result.step_s * args.steps:.1f} "
@@ -393,6 +649,61 @@ def peer_comparison(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def failed_row(label: str, err: Exception, columns: int) -> str:
+    first_line = (str(err).strip().splitlines() or [""])[0]
+    return f"| {label} | failed: {type(err).__name__}: {first_line} |" + "|" * (columns - 2)
+
+
+def rows(cfg: Config, args: argparse.Namespace, batches: list[Batch]) -> tuple[list[Result], bool]:
+    """One row per compile setting, printed as soon as it exists (a later one failing or timing out, as
+    torch.compile can take minutes, keeps it); the profile of the first, and its torch peer row."""
+    results, profiled, failed, peers = [], False, False, []
+    for mode in args.compile:
+        try:
+            result, stepper = measure(cfg, args, batches, compile_model=mode == "on")
+        except Exception as err:  # noqa: BLE001 - e.g. torch.compile failing on this machine: report, go on
+            print(failed_row(mode, err, len(COLUMNS)), flush=True)
+            failed = True
+            continue
+        results.append(result)
+        print(table_row(result), flush=True)
+        for line in warnings_for(result):
+            print(line, flush=True)
+        if args.profile and not profiled:
+            print(f"\nprofile, compile {mode}:\n\n{profile_table(stepper, batches, cfg, args.profile_steps)}\n",
+                  flush=True)  # fmt: skip
+            profiled = True
+        del stepper  # free the device before the next setting
+        if args.torch_peer:
+            try:
+                peers.append(peer_row(result, measure_torch_peer(cfg, args, batches, mode == "on")))
+            except Exception as err:  # noqa: BLE001
+                peers.append(failed_row(mode, err, 6))
+                failed = True
+            print(f"torch peer: {peers[-1]}", flush=True)
+    if profiled and len(results) > 1:  # the rows together again, below the profile
+        print("\n".join([table_header(cfg, args, batches), *map(table_row, results)]), flush=True)
+    if peers:
+        print(f"\ntorch peer (scripts/torch_peer.py) on the same batches:\n\n{PEER_HEADER}\n" + "\n".join(peers),
+              flush=True)  # fmt: skip
+    return results, failed
+
+
+def end_to_end(args: argparse.Namespace, overrides: list[str], results: list[Result]) -> bool:
+    """tfx.train for ``--end-to-end`` updates per measured compile setting; True if any run failed."""
+    lines, failed = [], False
+    for result in results:
+        try:
+            lines.append(end_to_end_row(result, run_end_to_end(args, overrides, result.compile)))
+        except Exception as err:  # noqa: BLE001
+            lines.append(failed_row("on" if result.compile else "off", err, 6))
+            failed = True
+    print(f"\nend to end: python -m tfx.train +experiment={args.experiment} train.max_updates={args.end_to_end} "
+          f"(the experiment's corpus; its training seconds include compilation, warm-up and data loading)\n\n"
+          f"{E2E_HEADER}\n" + "\n".join(lines), flush=True)  # fmt: skip
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:  # a missing GPU is one line, not a traceback; children get the concrete name
@@ -401,31 +712,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"error: {err}")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    overrides = [*args.overrides, f"train.device={args.device}"]
+    overrides = [*args.overrides, f"train.device={args.device}", f"data.batching={args.batching}"]
     cfg = compose(args.experiment, overrides)
     args.vocab = args.vocab or cfg.data.vocab_size
+    batches = prepare_batches(cfg, args, torch.device(args.device))
     if args.peer:
-        return peer_comparison(cfg, args)
-    print(table_header(cfg, args), flush=True)
-    results, profiled, failed = [], False, False
-    # Each row, and the profile of the first setting measured, as soon as they exist: a later setting
-    # failing or timing out (torch.compile can take minutes) keeps them.
-    for mode in args.compile:
-        try:
-            result, bench, batches = measure(cfg, args, compile_model=mode == "on")
-        except Exception as err:  # noqa: BLE001 - e.g. torch.compile failing on this machine: report, go on
-            first_line = (str(err).strip().splitlines() or [""])[0]
-            print(f"| {mode} | failed: {type(err).__name__}: {first_line} |||||", flush=True)
-            failed = True
-            continue
-        results.append(result)
-        print(table_row(result), flush=True)
-        if args.profile and not profiled:
-            print(f"\nprofile, compile {mode}:\n\n{profile_table(bench, batches, args.profile_steps)}\n", flush=True)
-            profiled = True
-        del bench, batches  # free the device before the next setting
-    if profiled and len(results) > 1:  # the rows together again, below the profile
-        print("\n".join([table_header(cfg, args), *map(table_row, results)]), flush=True)
+        return peer_comparison(cfg, args, batches)
+    print(table_header(cfg, args, batches), flush=True)
+    results, failed = rows(cfg, args, batches)
+    if args.end_to_end:
+        failed = end_to_end(args, overrides, results) or failed
     if args.json:
         args.json.write_text(json.dumps([vars(r) for r in results], indent=1))
     return 1 if failed else 0

@@ -1,24 +1,45 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: the CUDA tests, deep at width in bf16, throughput/MFU, deep memory.
+# One command for a GPU machine (issue 25): the CUDA tests, training throughput/MFU at the iwslt sizes (packed,
+# static compile, 4096- and 32k-token batches, the torch peer), deep 200+200 s/update, deep memory.
 #
-#   scripts/gpu_check.sh OUT                  # one GPU, about 9 minutes (the time boxes below) -> OUT/report.md
-#   scripts/gpu_check.sh --cpu-dry-run OUT    # every step at tiny sizes on CPU (a minute): checks the script
+#   scripts/gpu_check.sh OUT                  # one GPU, at most 530 s of time boxes -> OUT/report.md
+#   scripts/gpu_check.sh --cpu-dry-run OUT    # every step at tiny sizes on CPU (a minute or two): checks the script
 #
-# Steps, in this order (what no CPU here can do first), each time-boxed (`timeout`), its status and seconds in
-# the report, its full output in OUT/logs/:
-# 1. pytest -m gpu: bf16 and fp16 (loss-scaled) steps, resume on CUDA = an uninterrupted run,
-#    checkpoint -> tfx.translate on CUDA, a 1-GPU torchrun run.
-# 2. Deep at width (issue 13): +experiment=deep (d 512, lr 3e-5) at 100+100 and 200+200 layers, 30 updates
-#    in bf16 (DEEP_PRECISIONS="bf16 fp32" adds fp32, which a CPU can also run), via scripts/deep_width_table.py:
-#    passes when no update's train loss is above update 1's and the last is below it. Each run ends by
-#    writing its checkpoint (weights and Adam moments), so the runs go to /dev/shm when it has room.
-# 3. scripts/bench_train.py at the iwslt sizes: target tokens/s and MFU against the bf16 peak,
-#    train.compile off and on, with a torch.profiler breakdown (compile off).
-# 4. scripts/deep_memory.py: 200+200 layers at d 512, activation checkpointing off and on,
-#    torch.cuda.max_memory_allocated.
-# The boxes are sized from the first run on an H200 (docs/gpu-and-scaling.md "GPU"). A failing or timed-out step does not stop
-# the later ones; the exit status is 1 if any failed.
-# Settings: T_TESTS, T_DEEP, T_BENCH, T_MEMORY (seconds per step), DEEP_PRECISIONS.
+# Steps, in this order, each time-boxed (`timeout`), its status and seconds in the report, its full output in
+# OUT/logs/NAME.log:
+# 1. gpu_tests (T_TESTS 100 s): pytest -m gpu: bf16 and fp16 (loss-scaled) steps, resume on CUDA = an uninterrupted
+#    run, checkpoint -> tfx.translate on CUDA, a 1-GPU torchrun run, and test_an_update_makes_no_host_sync (padded
+#    and packed) under torch.cuda.set_sync_debug_mode("error").
+# 2. throughput_4k (T_BENCH 170 s): scripts/bench_train.py at the iwslt sizes (6+6, d 512), bf16, packed synthetic
+#    batches of 4096 tokens (128 x 32), compile off then on (static), each followed by scripts/torch_peer.py on the
+#    same batches with the same compile setting; the compile-off row has the torch.profiler table. Each row: tgt
+#    tokens/s, MFU on real tokens, the cold first update (compilation), graphs, recompiles, kernels/update, GPU busy.
+# 3. throughput_32k (T_BENCH_32K 110 s): the same, compile on only, data.max_tokens=32768 (1024 x 32).
+# 4. deep_bench (T_DEEP_BENCH 80 s): bench_train.py with +experiment=deep (200+200 layers, d 512), 4096-token packed
+#    batches, bf16, compile off, 3 timed updates: s/update and MFU.
+# 5. deep_width (T_DEEP 240 s per precision; DEEP_AT_WIDTH=1 runs it, default off on a GPU: with it the boxes add up
+#    to 770 s, over the device's 10-minute command limit, so lower the others' boxes or run it in its own call):
+#    issue 13's +experiment=deep (lr 3e-5) at 100+100 and 200+200 layers, 30 updates, bf16 (DEEP_PRECISIONS="bf16
+#    fp32" adds fp32), scripts/deep_width_table.py; run folders on /dev/shm when it has 40 GB free.
+# 6. deep_memory (T_MEMORY 70 s): scripts/deep_memory.py, 200+200 layers, d 512, activation checkpointing off and
+#    on, torch.cuda.max_memory_allocated.
+# The boxes add up to 530 s (steps 1-4 and 6), under 9 minutes; the first compile at the iwslt sizes took over 85 s
+# with dynamic shapes on an H200 (docs/gpu-and-scaling.md "GPU"), so steps 2 and 3 leave room for two static
+# compiles each (tfx and the peer; 32k: tfx alone). A failing or timed-out step does not stop the later ones, and
+# rows a bench step printed before its box ended stay in its log; the exit status is 1 if any step failed.
+# Settings: T_TESTS, T_BENCH, T_BENCH_32K, T_DEEP_BENCH, T_DEEP, T_MEMORY (seconds per step), DEEP_AT_WIDTH,
+# DEEP_PRECISIONS, WHEELS (a folder of wheels to install first into /tmp/tfx_site, see below), PYTHON.
+#
+# On this workplace's device machine (nvidia-h200): its python3 has torch but lacks hydra-core, omegaconf,
+# antlr4-python3-runtime and sacremoses, so carry them as wheels. Once, here, in the repo root (pure-Python wheels;
+# antlr4 4.9.3 is an sdist on PyPI, so build its wheel):
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 -d .whl hydra-core==1.3.8 omegaconf==2.3.1 sacremoses==0.2.0
+#   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
+# then one device call, carry [".whl"], timeout_s 600 (the boxes end by 530 s, plus the report):
+#   WHEELS=.whl PYTHON=python3 PYTHONUNBUFFERED=1 bash scripts/gpu_check.sh $OUT
+# ($OUT/report.md and the 5 logs in $OUT/logs/ come back: at most 8 files, 2 folders down, are returned.)
 set -uo pipefail
 
 usage() { echo "usage: $0 [--cpu-dry-run] OUT_DIR" >&2; exit 2; }
@@ -32,33 +53,52 @@ export PYTHONPATH="${repo}${PYTHONPATH:+:${PYTHONPATH}}"
 py="${PYTHON:-python}"
 cd "${repo}" || exit 1
 
+if [[ -n "${WHEELS:-}" ]]; then  # packages the machine's Python lacks (see the header)
+    "${py}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tfx_site \
+        "${WHEELS}"/*.whl || { echo "error: installing the wheels in ${WHEELS} failed" >&2; exit 1; }
+    export PYTHONPATH="/tmp/tfx_site:${PYTHONPATH}"
+fi
+
 if [[ ${dry} == 0 ]] && ! "${py}" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
     echo "error: no CUDA device here; run scripts/gpu_check.sh --cpu-dry-run OUT_DIR to check the script on CPU" >&2
     exit 1
 fi
 
-if [[ ${dry} == 1 ]]; then  # tiny sizes, CPU, one thread: the same commands in seconds
+if [[ ${dry} == 1 ]]; then  # tiny sizes, CPU, one thread, fp32, eager backend (trace only): the same commands
     device=cpu
-    t_tests=${T_TESTS:-120} t_deep=${T_DEEP:-120} t_bench=${T_BENCH:-120} t_memory=${T_MEMORY:-120}
+    t_tests=${T_TESTS:-120} t_bench=${T_BENCH:-120} t_bench_32k=${T_BENCH_32K:-120} t_deep_bench=${T_DEEP_BENCH:-120}
+    t_deep=${T_DEEP:-120} t_memory=${T_MEMORY:-120}
+    deep_at_width=${DEEP_AT_WIDTH:-1}  # checked here, so the GPU run can turn it on
+    # Hydra overrides (bench_train.py takes them before its options) and options, for the bench steps
+    bench_over=(model.encoder_layers=1 model.decoder_layers=1 model.d_model=32 model.ffn_dim=64 data.vocab_size=300
+        train.precision=fp32)
+    bench=(--steps 2 --warmup 1 --lengths 8 --profile-steps 1 --threads 1 --compile-backend eager)
+    tokens_4k=256 tokens_32k=1024
+    deep_over=(model.encoder_layers=2 model.decoder_layers=2 model.d_model=32 model.ffn_dim=64 data.vocab_size=300
+        train.precision=fp32)
+    deep_bench=(--steps 2 --warmup 1 --lengths 8 --threads 1)
     deep=(--depths 1 --updates 2 model.d_model=32 model.ffn_dim=64)
     read -r -a deep_precisions <<< "${DEEP_PRECISIONS:-fp32}"  # bf16 is emulated, ~100x slower, on most CPUs
-    bench=(model.encoder_layers=1 model.decoder_layers=1 model.d_model=32 model.ffn_dim=64 data.max_tokens=256
-        data.vocab_size=300 --steps 2 --warmup 1 --lengths 8 12 --profile-steps 1 --threads 1 --compile-backend eager)
     memory=(--layers 2 --d-model 16 --vocab 60 --sentences 2 --length 5 --steps 1 --threads 1)
 else
     device=cuda
-    # 90 + 240 + 140 + 70 = 540 s: the device machine runs one command for at most 10 minutes; the steps' measured
-    # times, which these boxes come from, are in docs/gpu-and-scaling.md "GPU"
-    t_tests=${T_TESTS:-90} t_deep=${T_DEEP:-240} t_bench=${T_BENCH:-140} t_memory=${T_MEMORY:-70}
+    # 100 + 170 + 110 + 80 + 70 = 530 s: the device machine runs one command for at most 10 minutes
+    t_tests=${T_TESTS:-100} t_bench=${T_BENCH:-170} t_bench_32k=${T_BENCH_32K:-110} t_deep_bench=${T_DEEP_BENCH:-80}
+    t_deep=${T_DEEP:-240} t_memory=${T_MEMORY:-70}
+    deep_at_width=${DEEP_AT_WIDTH:-0}
+    bench_over=(train.precision=bf16)
+    bench=(--steps 30 --warmup 3 --lengths 32 --threads "$(nproc)")  # one length: one shape, compiled once
+    tokens_4k=4096 tokens_32k=32768
+    deep_over=(train.precision=bf16)
+    deep_bench=(--steps 3 --warmup 1 --lengths 32 --threads "$(nproc)")  # threads: the 1B-parameter build on CPU
     deep=(--depths 100 200 --updates 30)
     read -r -a deep_precisions <<< "${DEEP_PRECISIONS:-bf16}"
-    bench=(--steps 30 --warmup 4 --lengths 32)  # one length: compile once, not once per shape
     memory=(--layers 200 --d-model 512 --steps 2 --threads "$(nproc)")  # threads: the 1B-parameter build on CPU
 fi
 deep_out="${out}"
 shm_free_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
-if [[ ${dry} == 0 && -w /dev/shm && ${shm_free_kb:-0} -gt 40000000 ]]; then  # two checkpoints of 200+200 fit
-    deep_out="$(mktemp -d /dev/shm/tfx_gpu_check.XXXXXX)"
+if [[ ${dry} == 0 && ${deep_at_width} == 1 && -w /dev/shm && ${shm_free_kb:-0} -gt 40000000 ]]; then
+    deep_out="$(mktemp -d /dev/shm/tfx_gpu_check.XXXXXX)"  # two checkpoints of 200+200 fit
     trap 'rm -rf "${deep_out}"' EXIT
 fi
 
@@ -88,19 +128,33 @@ run_step() {
 section() {
     local title="$1" log="$2"
     printf '\n## %s\n\n' "${title}"
-    grep -v -e '^USDT' -e 'profiler_st' "${log}" | tail -n "${3:-60}"
+    if [[ -f "${log}" ]]; then
+        grep -v -e '^USDT' -e 'profiler_st' "${log}" | tail -n "${3:-60}"
+    else
+        echo "(not run)"
+    fi
 }
 
 # only the file that holds the gpu tests: collecting every test module costs seconds of the box
 run_step gpu_tests "${t_tests}" "${py}" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py
-for precision in "${deep_precisions[@]}"; do
-    run_step "deep_${precision}" "${t_deep}" "${py}" scripts/deep_width_table.py --out "${deep_out}/deep_${precision}" \
-        --candidates adam_3e-5 --precision "${precision}" --device "${device}" --jobs 1 "${deep[@]}"
-    # the per-update losses, kept beside the logs (the run folders may be on /dev/shm, removed at exit)
-    cat "${deep_out}/deep_${precision}"/runs/*/train.log > "${out}/logs/deep_${precision}_train.log" 2>/dev/null
-done
-run_step throughput "${t_bench}" "${py}" scripts/bench_train.py --experiment iwslt --device "${device}" \
-    --compile off on --profile "${bench[@]}"
+run_step throughput_4k "${t_bench}" "${py}" scripts/bench_train.py "${bench_over[@]}" "data.max_tokens=${tokens_4k}" \
+    --experiment iwslt --device "${device}" --batching packed --compile off on --torch-peer --profile "${bench[@]}"
+run_step throughput_32k "${t_bench_32k}" "${py}" scripts/bench_train.py "${bench_over[@]}" \
+    "data.max_tokens=${tokens_32k}" --experiment iwslt --device "${device}" --batching packed --compile on "${bench[@]}"
+run_step deep_bench "${t_deep_bench}" "${py}" scripts/bench_train.py "${deep_over[@]}" "data.max_tokens=${tokens_4k}" \
+    --experiment deep --device "${device}" --batching packed --compile off "${deep_bench[@]}"
+if [[ ${deep_at_width} == 1 ]]; then
+    for precision in "${deep_precisions[@]}"; do
+        run_step "deep_width_${precision}" "${t_deep}" "${py}" scripts/deep_width_table.py \
+            --out "${deep_out}/deep_${precision}" --candidates adam_3e-5 --precision "${precision}" \
+            --device "${device}" --jobs 1 "${deep[@]}"
+        # the per-update losses, kept beside the logs (the run folders may be on /dev/shm, removed at exit)
+        cat "${deep_out}/deep_${precision}"/runs/*/train.log > "${out}/logs/deep_width_${precision}_train.log" \
+            2>/dev/null
+    done
+else
+    steps_table+=("| deep_width | skipped (DEEP_AT_WIDTH=1 runs it) | 0 |")
+fi
 run_step deep_memory "${t_memory}" "${py}" scripts/deep_memory.py --device "${device}" --timeout "${t_memory}" \
     "${memory[@]}"
 machine="$("${py}" - <<'PY'
@@ -126,13 +180,19 @@ PY
     echo "|---|---|---:|"
     printf '%s\n' "${steps_table[@]}"
     section "1. pytest -m gpu" "${out}/logs/gpu_tests.log" 15
-    for precision in "${deep_precisions[@]}"; do
-        section "2. Deep at width, +experiment=deep, ${precision}" "${out}/logs/deep_${precision}.log" 8
-    done
-    section "3. Training throughput (iwslt sizes, synthetic batches)" "${out}/logs/throughput.log" 40
-    section "4. Peak memory, 200+200 layers, activation checkpointing off/on" "${out}/logs/deep_memory.log" 12
+    section "2. Throughput, iwslt sizes, packed ${tokens_4k}-token batches: compile off/on, torch peer" \
+        "${out}/logs/throughput_4k.log" 45
+    section "3. Throughput, iwslt sizes, packed ${tokens_32k}-token batches, compile on" \
+        "${out}/logs/throughput_32k.log" 12
+    section "4. Deep, +experiment=deep, ${tokens_4k}-token packed batches, compile off" "${out}/logs/deep_bench.log" 12
+    if [[ ${deep_at_width} == 1 ]]; then
+        for precision in "${deep_precisions[@]}"; do
+            section "5. Deep at width, +experiment=deep, ${precision}" "${out}/logs/deep_width_${precision}.log" 8
+        done
+    fi
+    section "6. Peak memory, 200+200 layers, activation checkpointing off/on" "${out}/logs/deep_memory.log" 12
     echo
-    echo "Logs, with each deep run's per-update losses: ${out}/logs/"
+    echo "Logs, with each deep-at-width run's per-update losses: ${out}/logs/"
 } > "${report}.tmp" && mv "${report}.tmp" "${report}"
 cat "${report}"
 exit ${failed}

@@ -54,14 +54,23 @@ class PeerTransformer(nn.Module):
 class PeerTrainer:
     """Model + fused AdamW + bf16 autocast + compile; ``step`` is one update, no host sync."""
 
-    def __init__(self, vocab: int, sizes: dict[str, int], device: torch.device, compile_model: bool, lr: float = 5e-4):
+    def __init__(
+        self,
+        vocab: int,
+        sizes: dict[str, int],
+        device: torch.device,
+        compile_model: bool,
+        lr: float = 5e-4,
+        backend: str = "inductor",
+    ):
+        """``backend``: torch.compile's (``eager`` traces only: a quick dry run on CPU)."""
         self.device = device
         self.model = PeerTransformer(vocab, **sizes, dropout=0.3).to(device).train()
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0,
                                            fused=fused, foreach=not fused)  # fmt: skip
         self.bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        self.loss_fn = torch.compile(self._loss, dynamic=False) if compile_model else self._loss
+        self.loss_fn = torch.compile(self._loss, dynamic=False, backend=backend) if compile_model else self._loss
 
     def _loss(self, src: Tensor, prev: Tensor, target: Tensor, ntokens: Tensor) -> Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tests.conftest import load_script
+from tests.model.test_packing import random_split
 from tfx.criterion import label_smoothed_loss
+from tfx.data import BOS, PAD, Batch
+from tfx.data.packing import collate_packed, pack_first_fit
 from tfx.model import Transformer
+from tfx.model.packing import Packing
 
 TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.ffn_dim=64",
         "data.max_tokens=128", "data.vocab_size=200"]  # fmt: skip
@@ -33,10 +39,64 @@ def test_matmul_flops_match_torchs_flop_counter(bench: ModuleType) -> None:
         loss.backward()
     counted = counter.get_flop_counts()["Global"]
     linear = sum(v for op, v in counted.items() if str(op) in ("aten.mm", "aten.addmm"))
-    assert bench.matmul_flops(model, d, vocab, src, tgt) == pytest.approx(linear, rel=0.02)
+    src_lens, tgt_lens = bench.sentence_lengths(batch(src, tgt))  # no padding: 8 sentences of 20 / 16
+    assert bench.matmul_flops(model, d, vocab, src_lens, tgt_lens) == pytest.approx(linear, rel=0.02)
     # QK^T and AV, forward (2 + 2 FLOPs per multiply-add pair) and backward (twice that), per layer and sentence
     attn = 12 * d * 8 * (2 * 20 * 20 + 2 * (16 * 16 + 16 * 20))
-    assert bench.attention_flops(model, d, src, tgt) == attn
+    assert bench.attention_flops(model, d, src_lens, tgt_lens) == attn
+
+
+def batch(src: torch.Tensor, target: torch.Tensor, packing: Packing | None = None) -> Batch:
+    prev = torch.cat([torch.full_like(target[:, :1], BOS), target[:, :-1]], 1)
+    return Batch(src, src.ne(PAD).sum(1), prev, target, int(target.ne(PAD).sum()), list(range(len(src))), packing)
+
+
+def hand_flops(model: Transformer, d: int, vocab: int, pairs: list[tuple[int, int]]) -> float:
+    """The docstring's formula written out per sentence (s, t): matmuls on real tokens, attention per sentence."""
+    enc = sum(p.numel() for p in model.encoder.layers.parameters())
+    dec = sum(p.numel() for p in model.decoder.layers.parameters())
+    flops = 0.0
+    for s, t in pairs:
+        flops += 6 * (enc * s + (dec + d * vocab) * t)
+        flops += 12 * d * (2 * s * s + 2 * (t * t + t * s))  # 2 encoder, 2 decoder layers
+    return flops
+
+
+def test_flops_count_a_padded_batchs_real_tokens_only(bench: ModuleType) -> None:
+    d, vocab = 16, 50
+    model = Transformer(vocab, 0, 2, 2, d_model=d, ffn_dim=2 * d, heads=2, norm="none", share_decoder_embeddings=True)
+    src = torch.tensor([[5, 6, 7, 8, 3], [5, 6, 3, PAD, PAD], [9, 3, PAD, PAD, PAD]])
+    tgt = torch.tensor([[5, 6, 3, PAD], [5, 6, 7, 3], [3, PAD, PAD, PAD]])
+    assert [x.tolist() for x in bench.sentence_lengths(batch(src, tgt))] == [[5, 3, 2], [3, 4, 1]]
+    expected = hand_flops(model, d, vocab, [(5, 3), (3, 4), (2, 1)])
+    assert bench.batch_flops(model, d, vocab, batch(src, tgt)) == pytest.approx(expected, rel=1e-12)
+    full = hand_flops(model, d, vocab, [(5, 4)] * 3)  # what the padded shapes would count
+    assert bench.batch_flops(model, d, vocab, batch(src, tgt)) < 0.7 * full
+
+
+def test_flops_count_each_packed_sentence_on_its_own(bench: ModuleType) -> None:
+    """Row 0 holds pairs (3, 2) and (2, 3), row 1 one pair (4, 4) and padding: attention is per pair, not per row."""
+    d, vocab = 16, 50
+    model = Transformer(vocab, 0, 2, 2, d_model=d, ffn_dim=2 * d, heads=2, norm="none", share_decoder_embeddings=True)
+    src_seg = torch.tensor([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
+    tgt_seg = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
+    src = torch.where(src_seg > 0, 7, PAD)
+    tgt = torch.where(tgt_seg > 0, 8, PAD)
+    positions = torch.zeros_like(src_seg)  # not read by the count
+    packed = batch(src, tgt, Packing(src_seg, tgt_seg, positions, positions))
+    assert [x.tolist() for x in bench.sentence_lengths(packed)] == [[3, 2, 4], [2, 3, 4]]
+    expected = hand_flops(model, d, vocab, [(3, 2), (2, 3), (4, 4)])
+    assert bench.batch_flops(model, d, vocab, packed) == pytest.approx(expected, rel=1e-12)
+
+
+def test_packed_lengths_are_the_collated_pairs_lengths(bench: ModuleType) -> None:
+    """On rows that collate_packed builds, the per-segment lengths are exactly the packed pairs' lengths."""
+    split = random_split(30, seed=3)
+    rows = pack_first_fit(np.arange(30), split, 24, 24)
+    packed = collate_packed(split, rows, len(rows) + 1, 24, 24)  # one all-padding row too
+    src, tgt = bench.sentence_lengths(packed)
+    expected = sorted((int(split.src_sizes[i]), int(split.tgt_sizes[i])) for i in packed.indices)
+    assert sorted(zip(src.tolist(), tgt.tolist(), strict=True)) == expected
 
 
 def test_peak_table_prefers_the_specific_name(bench: ModuleType) -> None:
@@ -57,6 +117,73 @@ def test_tiny_run_prints_the_table_and_profile(bench: ModuleType, capsys: pytest
     assert int(tokens_per_update) == (128 // 8 * 8 + 128 // 12 * 12) // 2 and tokens_per_s > 0
     assert mfu.strip().endswith("%")
     assert "| matmul |" in out and "| optimizer + clipping |" in out
+    assert row.split("|")[9:13] == [" n/a "] * 4  # compile off: no graphs; CPU: no kernel count, no GPU-busy
+
+
+def table_rows(out: str, first: str) -> list[list[str]]:
+    """The cells of every table row starting with ``| first |``."""
+    return [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines() if line.startswith(f"| {first} |")]
+
+
+def test_packed_run_compiles_static_once_and_times_the_torch_peer(
+    bench: ModuleType, capsys: pytest.CaptureFixture
+) -> None:
+    """--batching packed --torch-peer, compile off and on (eager backend: trace only, seconds on CPU)."""
+    argv = ["--experiment", "iwslt", "--device", "cpu", "--steps", "2", "--warmup", "2", "--lengths", "16",
+            "--threads", "1", "--batching", "packed", "--compile", "off", "on", "--compile-backend", "eager",
+            "--torch-peer", *TINY]  # fmt: skip
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "packed batches (synthetic, lengths [16]; rows x src/tgt: 8x16/16; compile would be static)" in out
+    on = table_rows(out, "on")
+    tfx_on = next(r for r in on if len(r) == len(bench.COLUMNS))
+    assert int(tfx_on[2]) == 128 and 1 <= int(tfx_on[8]) <= bench.EXPECTED_GRAPHS and tfx_on[9] == "0"
+    peers = [r for r in table_rows(out, "off") + on if len(r) == 6]  # the peer table: compile off and on
+    assert [r[0] for r in peers] == ["off", "on"]
+    for r in peers:
+        tfx_rate, peer_rate, ratio = float(r[2]), float(r[4]), float(r[5])
+        assert tfx_rate > 0 and peer_rate > 0 and ratio == pytest.approx(tfx_rate / peer_rate, abs=0.01 + 1 / peer_rate)
+
+
+def test_device_activity_counts_cuda_kernels_and_their_time(bench: ModuleType) -> None:
+    """Kernels and copies on the GPU count as busy time, CPU ops not; copies are not kernels."""
+    from torch.autograd import DeviceType
+
+    def event(name: str, us: float, device: DeviceType = DeviceType.CUDA) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    events = [event("aten::mm", 900.0, DeviceType.CPU), event("sm90_xmma_gemm", 300.0), event("elementwise", 100.0),
+              event("Memcpy HtoD (Pinned -> Device)", 100.0), event("Memset (Device)", 0.0)]  # fmt: skip
+    kernels, busy = bench.device_activity(events, step_s=0.001)
+    assert kernels == 2 and busy == pytest.approx(0.5)
+
+
+def test_torch_peer_needs_synthetic_batches(bench: ModuleType) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--torch-peer", "--real-data"])
+
+
+def test_end_to_end_reads_tokens_and_training_seconds(bench: ModuleType, tmp_path: Path) -> None:
+    records = [{"event": "update", "step": 1, "train/ntokens": 100.0}, {"event": "valid", "step": 1},
+               {"event": "update", "step": 2, "train/ntokens": 50.0},
+               {"event": "end", "train_seconds": 3.0}]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = bench.read_run_metrics(tmp_path)
+    assert (run.updates, run.tokens, run.seconds, run.tokens_per_s) == (2, 150.0, 3.0, 50.0)
+
+
+@pytest.mark.slow
+def test_real_packed_batches_and_end_to_end(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--real-data --batching packed plans tfx.train's packed batches; --end-to-end runs tfx.train beside it."""
+    argv = ["--experiment", "iwslt", "--device", "cpu", "--steps", "2", "--warmup", "1", "--threads", "1",
+            "--real-data", "--batching", "packed", "--end-to-end", "2", "--end-to-end-dir", str(tmp_path / "e2e"),
+            *TINY, "data=toy", f"data.cache_dir={tmp_path}/cache"]  # fmt: skip
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "packed batches (tfx.train's batches; rows x src/tgt: 5x24/24; compile would be static)" in out
+    e2e = next(r for r in table_rows(out, "off") if len(r) == 6)
+    run = bench.read_run_metrics(tmp_path / "e2e" / "compile_off")
+    assert int(e2e[1]) == 2 and float(e2e[2]) == run.tokens and float(e2e[4]) == pytest.approx(run.tokens_per_s, abs=1)
 
 
 FAIRSEQ_LOG = """\

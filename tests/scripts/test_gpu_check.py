@@ -12,7 +12,7 @@ import torch
 from tests.conftest import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STEPS = ("gpu_tests", "deep_fp32", "throughput", "deep_memory")
+STEPS = ("gpu_tests", "throughput_4k", "throughput_32k", "deep_bench", "deep_width_fp32", "deep_memory")
 
 
 @pytest.mark.slow
@@ -27,21 +27,30 @@ def test_cpu_dry_run_runs_every_step_and_writes_the_report(tmp_path: Path) -> No
         assert any(line.startswith(f"| {step} | ok | ") for line in lines), step
     assert "| off | 0.0 |" in report and "| on | 0.0 |" in report  # throughput: compile off and on
     assert "| matmul |" in report  # the profile
+    assert "packed batches (synthetic, lengths [8]; rows x src/tgt: 32x8/8; compile would be static)" in report
+    peer = report.split("| tfx / peer |")[1].splitlines()  # the torch peer's table: compile off and on
+    assert peer[2].startswith("| off |") and peer[3].startswith("| on |")
+    assert "rows x src/tgt: 128x8/8" in report  # the bigger batches (32k tokens on a GPU)
+    assert "deep: 2+2 layers" in report  # +experiment=deep's bench row
     assert "| 2 | off |" in report and "| 2 | on |" in report  # memory: checkpointing off and on
     assert "| adam_3e-5 | 1 |" in report  # deep at width: the deep recipe's table
-    losses = (tmp_path / "out" / "logs" / "deep_fp32_train.log").read_text()
+    losses = (tmp_path / "out" / "logs" / "deep_width_fp32_train.log").read_text()
     assert "update 1/2 " in losses and "update 2/2 " in losses  # and its per-update losses, kept
 
 
 @pytest.mark.slow
 def test_a_step_over_its_time_box_is_reported_and_the_others_still_run(tmp_path: Path) -> None:
-    env = {**os.environ, "T_TESTS": "1", "T_BENCH": "1", "T_MEMORY": "1", "T_DEEP": "1"}
+    boxes = ("T_TESTS", "T_BENCH", "T_BENCH_32K", "T_DEEP_BENCH", "T_MEMORY", "T_DEEP")
+    env = {**os.environ, **dict.fromkeys(boxes, "1"), "DEEP_AT_WIDTH": "0"}  # deep at width: off, as on a GPU
     proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", str(tmp_path / "out")], capture_output=True,
                           text=True, env=env, timeout=300)  # fmt: skip
     assert proc.returncode == 1
     report = (tmp_path / "out" / "report.md").read_text()
     for step in STEPS:
-        assert f"| {step} | timed out after 1 s |" in report, step
+        if step.startswith("deep_width"):
+            assert "| deep_width | skipped (DEEP_AT_WIDTH=1 runs it) |" in report and f"| {step} |" not in report
+        else:
+            assert f"| {step} | timed out after 1 s |" in report, step
 
 
 def test_usage() -> None:
