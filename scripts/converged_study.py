@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tfx.metrics_log import FILENAME, read_metrics
-from tfx.studies.arms import ARMS
+from tfx.studies.arms import ARMS, write_arms
 from tfx.studies.harness import CHECKOUT, missing_files, multirun, open_study, run_recorded, train_or_replot
 
 DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "admin", "xavier_noln"]
@@ -100,18 +101,56 @@ def chosen_setting(out: Path, arm: str, args: argparse.Namespace) -> tuple[float
 
 
 def run_converged(args: argparse.Namespace, settings: dict[str, tuple[float, float, int]]) -> int:
-    """Stage 2: each arm with its chosen setting, every seed, to convergence."""
-    for arm, (lr, dropout, warmup) in settings.items():
-        seeds = [seed for seed, run in final_runs(args.out, arm, args.seeds).items() if not finished(run)]
-        if not seeds:
-            continue
-        sweep = [*shared_overrides(args), f"train.max_epochs={args.max_epochs}", f"train.patience={args.patience}",
-                 "train.save_every_epochs=1", f"train.keep_last={max(WINDOW, args.patience + 2)}",
-                 f"optim.lr={lr}", f"model.dropout={dropout}", f"optim.warmup_updates={warmup}",
-                 "train.seed=" + ",".join(map(str, seeds)), f"+arm={arm}"]  # fmt: skip
-        if code := multirun(args.out, [arm], args.jobs, f"final/{arm}/seed${{train.seed}}", sweep):
+    """Stage 2: each arm with its chosen setting, every seed, to convergence.
+
+    The arms' settings differ, so each arm becomes a ``tuned/<arm>.yaml`` config and one multirun sweeps them
+    (a cartesian sweep cannot give each arm its own lr): ``--jobs`` runs train at once whichever arm they belong
+    to. Seed 1 continues its grid run (``continue_grid_run``). Fewer runs than ``--jobs`` get the idle cores as
+    threads. Finished runs are left out of the sweep (one sweep per set of seeds still to train).
+    """
+    todo: dict[tuple[int, ...], list[str]] = {}
+    for arm, setting in settings.items():
+        continue_grid_run(args.out / "runs" / "grid" / arm / setting_name(*setting), final_runs(args.out, arm, [1])[1])
+        if seeds := tuple(seed for seed, run in final_runs(args.out, arm, args.seeds).items() if not finished(run)):
+            todo.setdefault(seeds, []).append(arm)
+    tuned = {arm: [f"optim.lr={lr}", f"model.dropout={d}", f"optim.warmup_updates={w}"]
+             for arm, (lr, d, w) in settings.items()}  # fmt: skip
+    write_arms(args.out / "arms", list(settings), group="tuned", settings=tuned)
+    for seeds, arms in todo.items():
+        threads = max(args.threads, args.threads * args.jobs // (len(seeds) * len(arms)))
+        shared = [o for o in shared_overrides(args) if not o.startswith("train.threads=")]
+        sweep = [*shared, f"train.threads={threads}", f"train.max_epochs={args.max_epochs}",
+                 f"train.patience={args.patience}", "train.save_every_epochs=1",
+                 f"train.keep_last={max(WINDOW, args.patience + 2)}", "train.seed=" + ",".join(map(str, seeds)),
+                 "+tuned=" + ",".join(arms)]  # fmt: skip
+        if code := multirun(args.out, [], args.jobs, "final/${hydra:runtime.choices.tuned}/seed${train.seed}", sweep):
             return code
     return 0
+
+
+def continue_grid_run(grid: Path, final: Path) -> None:
+    """Start the converged seed-1 run from the grid's (seed 1, the same setting) instead of training its first
+    ``--grid-epochs`` epochs again: the lr schedules have no horizon and resume is exact, so continuing is the
+    run a fresh start would give, for ``--grid-epochs`` epochs less. The grid run stays as it was: checkpoints
+    are hard links (tfx replaces a checkpoint by renaming, never writes into one), the logs copies (the metrics
+    without the grid's end record: this run has not ended), and the folder appears whole or not at all."""
+    if final.exists() or not finished(grid):
+        return
+    partial = final.with_name(final.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    (partial / "checkpoints").mkdir(parents=True)
+    for ckpt in (grid / "checkpoints").glob("*.pt"):
+        try:
+            os.link(ckpt, partial / "checkpoints" / ckpt.name)
+        except OSError:  # a file system without hard links
+            shutil.copy2(ckpt, partial / "checkpoints" / ckpt.name)
+    if (grid / "train.log").exists():
+        shutil.copy2(grid / "train.log", partial / "train.log")
+    with (grid / FILENAME).open() as src, (partial / FILENAME).open("w") as dst:  # without the grid's end:
+        dst.writelines(line for line in src if json.loads(line)["event"] != "end")  # this run has not ended
+    if (grid / "tb").is_dir():
+        shutil.copytree(grid / "tb", partial / "tb")
+    partial.rename(final)
 
 
 def final_runs(out: Path, arm: str, seeds: list[int]) -> dict[int, Path]:

@@ -1,16 +1,22 @@
 """scripts/converged_study.py: the grid's choice, mean +- std over seeds, and a micro study that trains
-(grid, then seeds with patience), decodes, reports and resumes without redoing work. CPU, fp32."""
+(grid, then seeds with patience; seed 1 continues its grid run, as a fresh run would train), decodes, reports
+and resumes without redoing work. CPU, fp32."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.conftest import load_script
 from tests.scripts.test_budget_study import small_corpus
+from tfx.metrics_log import read_metrics
+from tfx.studies.harness import CHECKOUT
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +49,10 @@ def test_the_grid_picks_the_best_valid_bleu_and_warmup_free_arms_keep_warmup_0(c
     assert cs.best_valid(tmp_path / "runs" / "grid" / "postln" / "lr0.0005_d0.3_w400") == (24.5, 2)
 
 
+def _updates(run: Path) -> list[dict]:
+    return [r for r in read_metrics(run / "metrics.jsonl") if r["event"] == "update"]
+
+
 @pytest.mark.slow
 def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path: Path) -> None:
     out, data = tmp_path / "study", small_corpus(tmp_path / "data")
@@ -63,6 +73,18 @@ def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path
     chosen = json.loads((out / "study.json").read_text())["settings"]["postln"]
     assert f"| postln | {cs.setting_name(*chosen)} |" in table
     assert (out / "converged_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # seed 1 continued the chosen grid run: its first epoch is the grid's record, then it trained on to its end ...
+    grid_run = out / "runs" / "grid" / "postln" / cs.setting_name(*chosen)
+    grid_updates, updates = _updates(grid_run), _updates(run)
+    assert updates[: len(grid_updates)] == grid_updates and len(updates) > len(grid_updates)
+    assert [r["event"] for r in read_metrics(run / "metrics.jsonl")].count("end") == 1
+    assert all(c.samefile(run / "checkpoints" / c.name) for c in (grid_run / "checkpoints").glob("checkpoint_*_*.pt"))
+    # ... and that is the run a fresh start with its settings trains (CPU fp32: equal losses)
+    fresh = tmp_path / "fresh"
+    overrides = list(OmegaConf.load(run / ".hydra" / "overrides.yaml"))
+    subprocess.run([sys.executable, "-m", "tfx.train", f"hydra.run.dir={fresh}",
+                    f"hydra.searchpath=[file://{out / 'arms'}]", *overrides], cwd=CHECKOUT, check=True)  # fmt: skip
+    assert [r["train/loss"] for r in _updates(fresh)] == pytest.approx([r["train/loss"] for r in updates], rel=1e-5)
     outputs = [p for p in out.rglob("*") if p.suffix in (".pt", ".json") and p.name != "study.json"]
     touched = {p: p.stat().st_mtime_ns for p in outputs}
     assert cs.main(argv) == 0  # resumed: nothing left to train or decode

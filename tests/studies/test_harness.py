@@ -30,6 +30,15 @@ def test_each_arm_file_overrides_the_method_and_adds_its_settings(tmp_path: Path
     assert all((CHECKOUT / "conf" / "method" / f"{method}.yaml").is_file() for method, _ in ARMS.values())
 
 
+def test_tuned_arm_files_carry_each_arms_own_settings(tmp_path: Path) -> None:
+    tuned = {"postln_tfixup_lr": ["optim.lr=0.001", "optim.warmup_updates=400"], "tfixup": ["model.dropout=0.1"]}
+    write_arms(tmp_path, list(tuned), group="tuned", settings=tuned)
+    body = OmegaConf.to_container(OmegaConf.create((tmp_path / "tuned" / "postln_tfixup_lr.yaml").read_text()))
+    assert body == {"defaults": [{"override /method": "postln"}],
+                    "optim": {"offset_decay": True, "lr": 0.001, "warmup_updates": 400}}  # fmt: skip
+    assert OmegaConf.create((tmp_path / "tuned" / "tfixup.yaml").read_text()).model.dropout == 0.1
+
+
 def test_multirun_is_one_joblib_sweep_from_the_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[list[str], Any]] = []
 

@@ -24,13 +24,16 @@ ARMS: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def write_arms(folder: Path, arms: list[str]) -> None:
-    """One config per arm in ``folder/arm/`` (added to Hydra's search path), so one multirun sweeps them all."""
+def write_arms(folder: Path, arms: list[str], group: str = "arm", settings: dict[str, list[str]] | None = None) -> None:
+    """One config per arm in ``folder/<group>/`` (added to Hydra's search path), so one multirun sweeps them all
+    as ``+<group>=NAME``; ``settings`` adds per-arm ``key=value`` items (a study's tuned lr, dropout, warmup),
+    which a cartesian sweep cannot give each arm its own of."""
     from omegaconf import OmegaConf
 
-    (folder / "arm").mkdir(parents=True, exist_ok=True)
+    (folder / group).mkdir(parents=True, exist_ok=True)
     for arm in arms:
         method, extra = ARMS[arm]
         body = OmegaConf.create({"defaults": [{"override /method": method}]})
-        body = OmegaConf.to_yaml(OmegaConf.merge(body, OmegaConf.from_dotlist(extra)))
-        (folder / "arm" / f"{arm}.yaml").write_text(f"# @package _global_\n# depth-study arm {arm}\n{body}")
+        body = OmegaConf.merge(body, OmegaConf.from_dotlist([*extra, *(settings or {}).get(arm, [])]))
+        text = f"# @package _global_\n# study arm {arm}\n{OmegaConf.to_yaml(body)}"
+        (folder / group / f"{arm}.yaml").write_text(text)
