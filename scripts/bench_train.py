@@ -20,9 +20,10 @@ Batches (``--batching padded|packed``):
 
 ``torch.compile`` (``--compile on``) is static (``dynamic=False``) when every batch has one shape
 (packed, or synthetic with one length), with symbolic shapes otherwise, as ``tfx.build.wrap``
-decides. Each row reports the first warm-up update's wall time (cold: compilation, allocator and
-kernel warm-up), the graphs dynamo compiled and the recompiles (frames compiled after the first
-update; a static run expects none), and on CUDA, from one ``torch.profiler`` update after the timed
+decides, over ``train.compile_scope`` (default ``layers``: one graph per layer kind, ``tfx.compilation``).
+Each row reports the first warm-up update's wall time (cold: compilation, allocator and kernel warm-up),
+the graphs dynamo compiled and the recompiles (frames compiled after the first update; a static run expects
+none), and on CUDA, from one ``torch.profiler`` update after the timed
 loop, the kernels per update and the GPU-busy fraction (CUDA kernel time of that update over the
 timed ms/update); on CPU those two are n/a.
 
@@ -86,6 +87,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from tfx.compilation import compile_for_training
 from tfx.config import Config, compose_config
 from tfx.data import BOS, PAD, Batch, prepare_data
 from tfx.data.plan import TrainBatches
@@ -236,8 +238,8 @@ def build_stepper(cfg: Config, vocab: int, device: torch.device, backend: str | 
     model.to(device).train()
     precision = Precision(cfg.train.precision, device)
     optimizer = build_optimizer(model, cfg.optim, device)
-    # as tfx.build.wrap (which uses the default backend, inductor): static when the batches have one shape
-    net = torch.compile(model, dynamic=not static, backend=backend) if backend else model
+    # as tfx.build.wrap (train.compile_scope; the default backend, inductor): static when the batches have one shape
+    net = compile_for_training(model, cfg.train.compile_scope, not static, backend) if backend else model
     return Stepper(model, net, optimizer, precision, cfg.optim, device, world_size=1)
 
 

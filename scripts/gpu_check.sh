@@ -2,7 +2,7 @@
 # One command for a GPU machine (issue 25): the CUDA tests, training throughput/MFU at the iwslt sizes (packed,
 # static compile, 4096- and 32k-token batches, the torch peer), deep 200+200 s/update, deep memory.
 #
-#   scripts/gpu_check.sh OUT                  # one GPU, at most 530 s of time boxes -> OUT/report.md
+#   scripts/gpu_check.sh OUT                  # one GPU, at most 535 s of time boxes -> OUT/report.md
 #   scripts/gpu_check.sh --cpu-dry-run OUT    # every step at tiny sizes on CPU (a minute or two): checks the script
 #
 # Steps, in this order, each time-boxed (`timeout`), its status and seconds in the report, its full output in
@@ -10,22 +10,23 @@
 # 1. gpu_tests (T_TESTS 100 s): pytest -m gpu: bf16 and fp16 (loss-scaled) steps, resume on CUDA = an uninterrupted
 #    run, checkpoint -> tfx.translate on CUDA, a 1-GPU torchrun run, and test_an_update_makes_no_host_sync (padded
 #    and packed) under torch.cuda.set_sync_debug_mode("error").
-# 2. throughput_4k (T_BENCH 170 s): scripts/bench_train.py at the iwslt sizes (6+6, d 512), bf16, packed synthetic
+# 2. throughput_4k (T_BENCH 160 s): scripts/bench_train.py at the iwslt sizes (6+6, d 512), bf16, packed synthetic
 #    batches of 4096 tokens (128 x 32), compile off then on (static), each followed by scripts/torch_peer.py on the
 #    same batches with the same compile setting; the compile-off row has the torch.profiler table. Each row: tgt
 #    tokens/s, MFU on real tokens, the cold first update (compilation), graphs, recompiles, kernels/update, GPU busy.
-# 3. throughput_32k (T_BENCH_32K 110 s): the same, compile on only, data.max_tokens=32768 (1024 x 32).
-# 4. deep_bench (T_DEEP_BENCH 80 s): bench_train.py with +experiment=deep (200+200 layers, d 512), 4096-token packed
-#    batches, bf16, compile off, 3 timed updates: s/update and MFU.
+# 3. throughput_32k (T_BENCH_32K 85 s): the same, compile on only, data.max_tokens=32768 (1024 x 32).
+# 4. deep_bench (T_DEEP_BENCH 130 s): bench_train.py with +experiment=deep (200+200 layers, d 512), 4096-token packed
+#    batches, bf16, compile off then on (train.compile_scope=layers: one graph per layer kind, so the 400 layers
+#    compile as two), 3 timed updates each: s/update and MFU.
 # 5. deep_width (T_DEEP 240 s per precision; DEEP_AT_WIDTH=1 runs it, default off on a GPU: with it the boxes add up
-#    to 770 s, over the device's 10-minute command limit, so lower the others' boxes or run it in its own call):
+#    to 775 s, over the device's 10-minute command limit, so lower the others' boxes or run it in its own call):
 #    issue 13's +experiment=deep (lr 3e-5) at 100+100 and 200+200 layers, 30 updates, bf16 (DEEP_PRECISIONS="bf16
 #    fp32" adds fp32), scripts/deep_width_table.py; run folders on /dev/shm when it has 40 GB free.
-# 6. deep_memory (T_MEMORY 70 s): scripts/deep_memory.py, 200+200 layers, d 512, activation checkpointing off and
+# 6. deep_memory (T_MEMORY 60 s): scripts/deep_memory.py, 200+200 layers, d 512, activation checkpointing off and
 #    on, torch.cuda.max_memory_allocated.
-# The boxes add up to 530 s (steps 1-4 and 6), under 9 minutes; the first compile at the iwslt sizes took over 85 s
-# with dynamic shapes on an H200 (docs/gpu-and-scaling.md "GPU"), so steps 2 and 3 leave room for two static
-# compiles each (tfx and the peer; 32k: tfx alone). A failing or timed-out step does not stop the later ones, and
+# The boxes add up to 535 s (steps 1-4 and 6), under 9 minutes; the first compile of the whole model at the iwslt
+# sizes took over 85 s with dynamic shapes on an H200 (docs/gpu-and-scaling.md "GPU"); tfx now compiles per layer
+# (static: two graphs), so steps 2 and 3 leave room for two compiles each (tfx and the peer; 32k: tfx alone). A failing or timed-out step does not stop the later ones, and
 # rows a bench step printed before its box ended stay in its log; the exit status is 1 if any step failed.
 # Settings: T_TESTS, T_BENCH, T_BENCH_32K, T_DEEP_BENCH, T_DEEP, T_MEMORY (seconds per step), DEEP_AT_WIDTH,
 # DEEP_PRECISIONS, WHEELS (a folder of wheels to install first into /tmp/tfx_site, see below), PYTHON.
@@ -37,7 +38,7 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 -d .whl hydra-core==1.3.8 omegaconf==2.3.1 sacremoses==0.2.0
 #   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
-# then one device call, carry [".whl"], timeout_s 600 (the boxes end by 530 s, plus the report):
+# then one device call, carry [".whl"], timeout_s 600 (the boxes end by 535 s, plus the report):
 #   WHEELS=.whl PYTHON=python3 PYTHONUNBUFFERED=1 bash scripts/gpu_check.sh $OUT
 # ($OUT/report.md and the 5 logs in $OUT/logs/ come back: at most 8 files, 2 folders down, are returned.)
 set -uo pipefail
@@ -76,15 +77,15 @@ if [[ ${dry} == 1 ]]; then  # tiny sizes, CPU, one thread, fp32, eager backend (
     tokens_4k=256 tokens_32k=1024
     deep_over=(model.encoder_layers=2 model.decoder_layers=2 model.d_model=32 model.ffn_dim=64 data.vocab_size=300
         train.precision=fp32)
-    deep_bench=(--steps 2 --warmup 1 --lengths 8 --threads 1)
+    deep_bench=(--steps 2 --warmup 1 --lengths 8 --threads 1 --compile-backend eager)
     deep=(--depths 1 --updates 2 model.d_model=32 model.ffn_dim=64)
     read -r -a deep_precisions <<< "${DEEP_PRECISIONS:-fp32}"  # bf16 is emulated, ~100x slower, on most CPUs
     memory=(--layers 2 --d-model 16 --vocab 60 --sentences 2 --length 5 --steps 1 --threads 1)
 else
     device=cuda
-    # 100 + 170 + 110 + 80 + 70 = 530 s: the device machine runs one command for at most 10 minutes
-    t_tests=${T_TESTS:-100} t_bench=${T_BENCH:-170} t_bench_32k=${T_BENCH_32K:-110} t_deep_bench=${T_DEEP_BENCH:-80}
-    t_deep=${T_DEEP:-240} t_memory=${T_MEMORY:-70}
+    # 100 + 160 + 85 + 130 + 60 = 535 s: the device machine runs one command for at most 10 minutes
+    t_tests=${T_TESTS:-100} t_bench=${T_BENCH:-160} t_bench_32k=${T_BENCH_32K:-85} t_deep_bench=${T_DEEP_BENCH:-130}
+    t_deep=${T_DEEP:-240} t_memory=${T_MEMORY:-60}
     deep_at_width=${DEEP_AT_WIDTH:-0}
     bench_over=(train.precision=bf16)
     bench=(--steps 30 --warmup 3 --lengths 32 --threads "$(nproc)")  # one length: one shape, compiled once
@@ -142,7 +143,7 @@ run_step throughput_4k "${t_bench}" "${py}" scripts/bench_train.py "${bench_over
 run_step throughput_32k "${t_bench_32k}" "${py}" scripts/bench_train.py "${bench_over[@]}" \
     "data.max_tokens=${tokens_32k}" --experiment iwslt --device "${device}" --batching packed --compile on "${bench[@]}"
 run_step deep_bench "${t_deep_bench}" "${py}" scripts/bench_train.py "${deep_over[@]}" "data.max_tokens=${tokens_4k}" \
-    --experiment deep --device "${device}" --batching packed --compile off "${deep_bench[@]}"
+    --experiment deep --device "${device}" --batching packed --compile off on "${deep_bench[@]}"
 if [[ ${deep_at_width} == 1 ]]; then
     for precision in "${deep_precisions[@]}"; do
         run_step "deep_width_${precision}" "${t_deep}" "${py}" scripts/deep_width_table.py \
@@ -184,7 +185,8 @@ PY
         "${out}/logs/throughput_4k.log" 45
     section "3. Throughput, iwslt sizes, packed ${tokens_32k}-token batches, compile on" \
         "${out}/logs/throughput_32k.log" 12
-    section "4. Deep, +experiment=deep, ${tokens_4k}-token packed batches, compile off" "${out}/logs/deep_bench.log" 12
+    section "4. Deep, +experiment=deep, ${tokens_4k}-token packed batches, compile off/on" \
+        "${out}/logs/deep_bench.log" 12
     if [[ ${deep_at_width} == 1 ]]; then
         for precision in "${deep_precisions[@]}"; do
             section "5. Deep at width, +experiment=deep, ${precision}" "${out}/logs/deep_width_${precision}.log" 8

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tfx import distributed, sharding
+from tfx.compilation import compile_for_training
 from tfx.config import Config, TrainConfig
 from tfx.data import PAD, Batch, Corpus, collate, prepare_data
 from tfx.diagnostics import OutputChange
@@ -76,15 +77,11 @@ def place_and_optimize(
     return precision, build_optimizer(model, cfg.optim, device)
 
 
-def wrap(model: nn.Module, compile: bool, dist: DistInfo, device: torch.device, packed: bool = False) -> nn.Module:
-    """What the step calls: ``torch.compile`` and/or DDP around the model (FSDP shards in place instead).
-
-    Packed batches have one shape per run: a static graph, compiled once. Padded ones change shape
-    every step, so they compile with symbolic shapes.
-    """
-    net = model
-    if compile:
-        net = torch.compile(net, dynamic=not packed)
+def wrap(model: Transformer, t: TrainConfig, dist: DistInfo, device: torch.device, packed: bool = False) -> nn.Module:
+    """What the step calls: the model compiled (``train.compile``, ``tfx.compilation``) and/or inside DDP
+    (FSDP shards in place instead). Packed batches have one shape per run: static graphs, compiled once.
+    Padded ones change shape every step, so they compile with symbolic shapes."""
+    net: nn.Module = compile_for_training(model, t.compile_scope, dynamic=not packed) if t.compile else model
     if dist.enabled and not sharding.is_sharded(model):
         ids = [device.index] if device.type == "cuda" else None
         net = nn.parallel.DistributedDataParallel(net, device_ids=ids)

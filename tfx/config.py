@@ -198,7 +198,8 @@ class TrainConfig:
     patience: int = 0
     max_minutes: float = 0.0  # stop after this much wall time; 0 = no limit
     update_freq: int = 1  # gradient accumulation steps per update
-    compile: bool = False  # wrap the model in torch.compile
+    compile: bool = False  # torch.compile the training forward (tfx/compilation.py)
+    compile_scope: str = "layers"  # layers: one graph per layer kind, reused down the stack | model: one whole graph
     # several ranks: ddp = a full replica per rank; fsdp = weights, gradients and Adam state sharded (tfx/sharding.py)
     strategy: str = "ddp"
     validate_every_updates: int = 0  # validate every N updates; 0 = once per epoch only
@@ -225,6 +226,7 @@ class TrainConfig:
         _require(self.precision in PRECISIONS, f"train.precision={self.precision!r}: use {', '.join(PRECISIONS)}")
         _require(self.strategy in STRATEGIES, f"train.strategy={self.strategy!r}: use {' or '.join(STRATEGIES)}")
         _require(self.update_freq >= 1, "train.update_freq must be >= 1")
+        _require(self.compile_scope in ("layers", "model"), "train.compile_scope: use layers or model")
         _require(self.valid_beam >= 1, "train.valid_beam must be >= 1")
         _require(self.keep_last >= 1, "train.keep_last must be >= 1")
         _require(self.patience >= 0, "train.patience must be >= 0 (0 = off)")

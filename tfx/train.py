@@ -10,6 +10,7 @@ alone logs and writes).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -23,7 +24,7 @@ from typing import Any
 
 from torch import nn
 
-from tfx import build, distributed, sharding
+from tfx import build, compilation, distributed, sharding
 from tfx.checkpoint import CheckpointError
 from tfx.config import CONF_DIR, Config, register_configs
 from tfx.data import Batch, DataError
@@ -125,7 +126,7 @@ class Trainer:
 
     # ----------------------------------------------------------------- setup
     def _wrap(self, model: nn.Module) -> nn.Module:
-        return build.wrap(model, self.cfg.train.compile, self.dist, self.device, packed=self.batches.packed)
+        return build.wrap(model, self.cfg.train, self.dist, self.device, packed=self.batches.packed)
 
     def _maybe_resume(self) -> Path | None:
         """Continue from checkpoint_last.pt (or train.resume) when its trajectory matches ours."""
@@ -178,7 +179,8 @@ class Trainer:
         lr = lr_at(self.state.step + len(self._pending), self.cfg.optim)
         stepper = Stepper(self.model, self.net, self.optimizer, self.precision, self.cfg.optim, self.device,
                           self.dist.world_size)  # fmt: skip
-        return stepper.update(batches, lr, record_layers)
+        with compilation.eager() if record_layers else contextlib.nullcontext():  # the statistics hook layers
+            return stepper.update(batches, lr, record_layers)
 
     def _read(self) -> list[dict[str, float]]:
         tic, (pending, self._pending) = time.perf_counter(), (self._pending, [])
@@ -240,7 +242,8 @@ class Trainer:
         for metrics, applied in account(self.state, self._read()):
             self.losses.append(metrics["train/loss"])
             if applied and self.probe is not None and self.state.step <= t.probe_updates:
-                metrics.update(self.probe.measure(self.model))
+                with compilation.eager():
+                    metrics.update(self.probe.measure(self.model))
             event = "update" if applied else "skipped"  # skipped: a non-finite step (or an fp16 overflow)
             self.report.update(event, self.state.step, self.state.epoch, metrics)
             self.state.check_finite(t.max_bad_steps, self.ckpts.last_good)
@@ -295,7 +298,8 @@ class Trainer:
             return False
         self._validated_at = self.state.step
         cfg, bf16, main = self.cfg, self.precision.bf16, self.dist.is_main
-        result = validate_on_main(self.model, self.corpus, cfg, self.device, bf16, main)
+        with compilation.eager():
+            result = validate_on_main(self.model, self.corpus, cfg, self.device, bf16, main)
         improved = False
         if result is not None:
             improved = result.bleu > self.state.best_bleu
