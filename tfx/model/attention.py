@@ -1,7 +1,11 @@
 """Multi-head attention with separate q/k/v/out projections and a key/value cache.
 
 The projections are separate modules (not one packed ``in_proj``) because T-Fixup
-scales ``v_proj`` and ``out_proj`` but leaves ``q_proj`` and ``k_proj`` alone.
+scales ``v_proj`` and ``out_proj`` but leaves ``q_proj`` and ``k_proj`` alone, and
+because fairseq's checkpoints name them so. They still run as one GEMM where they share
+an input: self-attention projects q, k and v with their weights concatenated, and
+encoder-decoder attention k and v. One GEMM, and under autocast one cast of the input
+instead of three; the weights and their initialization are the separate modules'.
 The kernel is ``F.scaled_dot_product_attention`` (flash / memory-efficient on GPU).
 """
 
@@ -116,22 +120,34 @@ class MultiheadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
-    def _keys_values(self, kv: Tensor, cache: KVCache | None, static_kv: bool) -> tuple[Tensor, Tensor]:
-        """Project keys/values, reusing or extending the cache when decoding step by step.
+    def _project(self, x: Tensor, projections: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
+        """``x`` through several projections as one GEMM, split into heads: (N, H, T, Dh) each."""
+        weight = torch.cat([p.weight for p in projections])
+        bias = torch.cat([p.bias for p in projections])
+        return tuple(self._split_heads(y) for y in F.linear(x, weight, bias).chunk(len(projections), dim=-1))
 
-        ``static_kv`` (encoder-decoder attention): the source never changes, so its keys and
-        values are computed on the first step only. Self-attention appends the new step.
+    def _queries_keys_values(
+        self, query: Tensor, kv: Tensor, cache: KVCache | None, static_kv: bool
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Project queries, keys and values, reusing or extending the cache when decoding step by step.
+
+        Self-attention (``kv is query``) projects all three at once and appends the new step to
+        its cache. ``static_kv`` (encoder-decoder attention): the source never changes, so its
+        keys and values are projected (together) on the first step only.
         """
+        if kv is query and not static_kv:
+            q, k, v = self._project(query, (self.q_proj, self.k_proj, self.v_proj))
+            return (q, k, v) if cache is None else (q, *cache.append(k, v))
+        (q,) = self._project(query, (self.q_proj,))
         if cache is not None and static_kv and not cache.empty:
-            return cache.k, cache.v
-        k = self._split_heads(self.k_proj(kv))
-        v = self._split_heads(self.v_proj(kv))
+            return q, cache.k, cache.v
+        k, v = self._project(kv, (self.k_proj, self.v_proj))
         if cache is None:
-            return k, v
+            return q, k, v
         if static_kv:
             cache.store(k, v)
-            return k, v
-        return cache.append(k, v)
+            return q, k, v
+        return q, *cache.append(k, v)
 
     def forward(
         self,
@@ -154,8 +170,7 @@ class MultiheadAttention(nn.Module):
         queries, so the source's keys and values are projected and read once per sentence, not per beam.
         """
         n, t, d = query.shape
-        q = self._split_heads(self.q_proj(query))  # (N, H, T, Dh)
-        k, v = self._keys_values(key_value, cache, static_kv)  # (B, H, S, Dh)
+        q, k, v = self._queries_keys_values(query, key_value, cache, static_kv)  # (N, H, T, Dh), (B, H, S, Dh) x 2
         b = k.size(0)
         groups = n // b if b else 1
         if groups * b != n or (groups > 1 and causal):
