@@ -47,7 +47,7 @@ from tfx.metrics_log import FILENAME, read_metrics
 from tfx.studies.arms import ARMS
 from tfx.studies.harness import multirun, open_study, running_mean, train_or_replot
 
-STUDY_ARMS = [arm for arm in ARMS if arm != "postln_tfixup_lr"]  # the depth study's default arms
+STUDY_ARMS = [arm for arm in ARMS if arm not in ("postln_tfixup_lr", "tfixup_32k")]  # its default arms
 FINAL_WINDOW = 10  # updates averaged into the final train loss
 SMOOTH = 10  # running-mean window of the plotted curves
 

@@ -15,7 +15,9 @@ from omegaconf import OmegaConf
 
 from tests.conftest import load_script
 from tests.scripts.test_budget_study import small_corpus
+from tfx.config import compose_config
 from tfx.metrics_log import read_metrics
+from tfx.studies.arms import write_arms
 from tfx.studies.harness import CHECKOUT
 
 
@@ -28,6 +30,16 @@ def test_mean_std_from_known_seed_values(cs: ModuleType) -> None:
     assert cs.mean_std([30.0, 32.0, 34.0]) == "32.00 ± 2.00 (30.00 / 32.00 / 34.00)"
     assert cs.mean_std([31.5, float("nan")]) == "31.50"  # an unscored seed is left out, and said so by its absence
     assert cs.mean_std([]) == "—"
+
+
+def test_the_32k_arm_is_t_fixup_at_32k_target_tokens_per_update(cs: ModuleType, tmp_path: Path) -> None:
+    args = cs.parse_args(["--out", str(tmp_path), "--data-dir", str(tmp_path)])
+    write_arms(tmp_path / "arms", ["tfixup_32k"])
+    search = f"hydra.searchpath=[file://{tmp_path / 'arms'}]"
+    cfg = compose_config([search, *cs.shared_overrides(args), "+arm=tfixup_32k"])
+    assert (cfg.data.max_tokens, cfg.model.norm, cfg.init.name) == (32768, "none", "tfixup")
+    assert cfg.optim.warmup_updates == 0
+    assert {w for _, _, w in cs.grid_settings("tfixup_32k", args)} == {0}  # warmup-free, as T-Fixup
 
 
 def _valid_run(folder: Path, bleus: list[float]) -> None:

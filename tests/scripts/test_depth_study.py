@@ -39,13 +39,14 @@ EXPECTED = {
     "admin": ("admin", "admin", "adam", 50),
     "xavier_noln": ("none", "xavier", "adam", 0),
     "postln_tfixup_lr": ("post", "xavier", "adam", 50),  # + T-Fixup's decay after the warmup (budget_study.py)
+    "tfixup_32k": ("none", "tfixup", "adam", 0),  # 32k-token batches; the study's max_tokens wins here
 }
 
 
 def test_every_arm_composes_to_its_method_on_the_shared_budget(ds: ModuleType, tmp_path: Path) -> None:
     """The arm files the multirun sweeps (+arm=NAME on Hydra's search path) are the runs the table names."""
     assert set(ds.ARMS) == set(EXPECTED)
-    assert ds.parse_args([]).methods == [arm for arm in EXPECTED if arm != "postln_tfixup_lr"]
+    assert ds.parse_args([]).methods == [arm for arm in EXPECTED if arm not in ("postln_tfixup_lr", "tfixup_32k")]
     args = ds.parse_args(["--out", str(tmp_path)])
     write_arms(tmp_path / "arms", list(ds.ARMS))
     for arm, (norm, init, optim, warmup) in EXPECTED.items():

@@ -21,6 +21,9 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "xavier_noln": ("xavier_noln", []),
     # Post-LN's warmup, then T-Fixup's decay (scripts/budget_study.py: separates the init from the schedule)
     "postln_tfixup_lr": ("postln", ["optim.offset_decay=true"]),
+    # the large-batch recipe for GPU throughput (issue 25): 32k target tokens per update, 16x the multi30k
+    # experiment's; its lr is the study's to choose (scripts/converged_study.py --lrs)
+    "tfixup_32k": ("tfixup", ["data.max_tokens=32768"]),
 }
 
 
