@@ -70,6 +70,19 @@ def test_layers_scope_is_the_eager_model_with_one_graph_per_layer_kind(layers: i
     assert list(model.state_dict()) == list(reference.state_dict())
 
 
+def test_layers_scope_under_activation_checkpointing_as_the_deep_recipe() -> None:
+    model, batch = tiny_model(3), packed_batch()
+    model.encoder.checkpoint_activations = model.decoder.checkpoint_activations = True  # conf/model/deep.yaml
+    reference = copy.deepcopy(model)
+    net = compile_for_training(model, "layers", dynamic=False, backend="aot_eager")
+    loss, grads = loss_and_grads(net, model, batch)
+    ref_loss, ref_grads = loss_and_grads(reference, reference, batch)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    flat, ref_flat = torch.cat([g.flatten() for g in grads]), torch.cat([g.flatten() for g in ref_grads])
+    assert (flat - ref_flat).norm() / ref_flat.norm() < 1e-5
+    assert counters["frames"]["ok"] == 2
+
+
 def test_decoding_inside_eager_compiles_nothing() -> None:
     model, batch = tiny_model(2), packed_batch()
     net = compile_for_training(model, "layers", dynamic=False, backend="aot_eager")
