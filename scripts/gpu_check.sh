@@ -10,12 +10,12 @@
 # 1. gpu_tests (T_TESTS 100 s): pytest -m gpu: bf16 and fp16 (loss-scaled) steps, resume on CUDA = an uninterrupted
 #    run, checkpoint -> tfx.translate on CUDA, a 1-GPU torchrun run, and test_an_update_makes_no_host_sync (padded
 #    and packed) under torch.cuda.set_sync_debug_mode("error").
-# 2. throughput_4k (T_BENCH 160 s): scripts/bench_train.py at the iwslt sizes (6+6, d 512), bf16, packed synthetic
+# 2. throughput_4k (T_BENCH 150 s): scripts/bench_train.py at the iwslt sizes (6+6, d 512), bf16, packed synthetic
 #    batches of 4096 tokens (128 x 32), compile off then on (static), each followed by scripts/torch_peer.py on the
 #    same batches with the same compile setting; the compile-off row has the torch.profiler table. Each row: tgt
 #    tokens/s, MFU on real tokens, the cold first update (compilation), graphs, recompiles, kernels/update, GPU busy.
 # 3. throughput_32k (T_BENCH_32K 85 s): the same, compile on only, data.max_tokens=32768 (1024 x 32).
-# 4. deep_bench (T_DEEP_BENCH 130 s): bench_train.py with +experiment=deep (200+200 layers, d 512), 4096-token packed
+# 4. deep_bench (T_DEEP_BENCH 115 s): bench_train.py with +experiment=deep (200+200 layers, d 512), 4096-token packed
 #    batches, bf16, compile off then on (train.compile_scope=layers: one graph per layer kind, so the 400 layers
 #    compile as two), 3 timed updates each: s/update and MFU.
 # 5. deep_width (T_DEEP 240 s per precision; DEEP_AT_WIDTH=1 runs it, default off on a GPU: with it the boxes add up
@@ -24,12 +24,15 @@
 #    fp32" adds fp32), scripts/deep_width_table.py; run folders on /dev/shm when it has 40 GB free.
 # 6. deep_memory (T_MEMORY 60 s): scripts/deep_memory.py, 200+200 layers, d 512, activation checkpointing off and
 #    on, torch.cuda.max_memory_allocated.
-# The boxes add up to 535 s (steps 1-4 and 6), under 9 minutes; the first compile of the whole model at the iwslt
+# 7. decode (T_DECODE 25 s): scripts/bench_decode.py --random at the iwslt sizes, bf16, 1014 sentences (Multi30k
+#    valid's count), validation's 4096-token batches: greedy (validation) and beam 5 (test), sentences/s.
+# The boxes add up to 535 s (steps 1-4, 6 and 7), under 9 minutes; the first compile of the whole model at the iwslt
 # sizes took over 85 s with dynamic shapes on an H200 (docs/gpu-and-scaling.md "GPU"); tfx now compiles per layer
-# (static: two graphs), so steps 2 and 3 leave room for two compiles each (tfx and the peer; 32k: tfx alone). A failing or timed-out step does not stop the later ones, and
-# rows a bench step printed before its box ended stay in its log; the exit status is 1 if any step failed.
-# Settings: T_TESTS, T_BENCH, T_BENCH_32K, T_DEEP_BENCH, T_DEEP, T_MEMORY (seconds per step), DEEP_AT_WIDTH,
-# DEEP_PRECISIONS, WHEELS (a folder of wheels to install first into /tmp/tfx_site, see below), PYTHON.
+# (static: two graphs), so steps 2 and 3 leave room for two compiles each (tfx and the peer; 32k: tfx alone).
+# A failing or timed-out step does not stop the later ones, and rows a bench step printed before its box ended
+# stay in its log; the exit status is 1 if any step failed.
+# Settings: T_TESTS, T_BENCH, T_BENCH_32K, T_DEEP_BENCH, T_DEEP, T_MEMORY, T_DECODE (seconds per step),
+# DEEP_AT_WIDTH, DEEP_PRECISIONS, WHEELS (a folder of wheels to install first into /tmp/tfx_site, see below), PYTHON.
 #
 # On this workplace's device machine (nvidia-h200): its python3 has torch but lacks hydra-core, omegaconf,
 # antlr4-python3-runtime and sacremoses, so carry them as wheels. Once, here, in the repo root (pure-Python wheels;
@@ -68,7 +71,7 @@ fi
 if [[ ${dry} == 1 ]]; then  # tiny sizes, CPU, one thread, fp32, eager backend (trace only): the same commands
     device=cpu
     t_tests=${T_TESTS:-120} t_bench=${T_BENCH:-120} t_bench_32k=${T_BENCH_32K:-120} t_deep_bench=${T_DEEP_BENCH:-120}
-    t_deep=${T_DEEP:-120} t_memory=${T_MEMORY:-120}
+    t_deep=${T_DEEP:-120} t_memory=${T_MEMORY:-120} t_decode=${T_DECODE:-120}
     deep_at_width=${DEEP_AT_WIDTH:-1}  # checked here, so the GPU run can turn it on
     # Hydra overrides (bench_train.py takes them before its options) and options, for the bench steps
     bench_over=(model.encoder_layers=1 model.decoder_layers=1 model.d_model=32 model.ffn_dim=64 data.vocab_size=300
@@ -81,11 +84,12 @@ if [[ ${dry} == 1 ]]; then  # tiny sizes, CPU, one thread, fp32, eager backend (
     deep=(--depths 1 --updates 2 model.d_model=32 model.ffn_dim=64)
     read -r -a deep_precisions <<< "${DEEP_PRECISIONS:-fp32}"  # bf16 is emulated, ~100x slower, on most CPUs
     memory=(--layers 2 --d-model 16 --vocab 60 --sentences 2 --length 5 --steps 1 --threads 1)
+    decode=(--d-model 32 --layers 1 --vocab 300 --limit 64 --uncached-limit 4 --threads 1)
 else
     device=cuda
-    # 100 + 160 + 85 + 130 + 60 = 535 s: the device machine runs one command for at most 10 minutes
-    t_tests=${T_TESTS:-100} t_bench=${T_BENCH:-160} t_bench_32k=${T_BENCH_32K:-85} t_deep_bench=${T_DEEP_BENCH:-130}
-    t_deep=${T_DEEP:-240} t_memory=${T_MEMORY:-60}
+    # 100 + 150 + 85 + 115 + 60 + 25 = 535 s: the device machine runs one command for at most 10 minutes
+    t_tests=${T_TESTS:-100} t_bench=${T_BENCH:-150} t_bench_32k=${T_BENCH_32K:-85} t_deep_bench=${T_DEEP_BENCH:-115}
+    t_deep=${T_DEEP:-240} t_memory=${T_MEMORY:-60} t_decode=${T_DECODE:-25}
     deep_at_width=${DEEP_AT_WIDTH:-0}
     bench_over=(train.precision=bf16)
     bench=(--steps 30 --warmup 3 --lengths 32 --threads "$(nproc)")  # one length: one shape, compiled once
@@ -95,6 +99,7 @@ else
     deep=(--depths 100 200 --updates 30)
     read -r -a deep_precisions <<< "${DEEP_PRECISIONS:-bf16}"
     memory=(--layers 200 --d-model 512 --steps 2 --threads "$(nproc)")  # threads: the 1B-parameter build on CPU
+    decode=(--d-model 512 --layers 6 --vocab 10000 --limit 1014 --uncached-limit 20 --bf16)  # iwslt sizes
 fi
 deep_out="${out}"
 shm_free_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
@@ -158,6 +163,9 @@ else
 fi
 run_step deep_memory "${t_memory}" "${py}" scripts/deep_memory.py --device "${device}" --timeout "${t_memory}" \
     "${memory[@]}"
+# greedy (validation's search) and beam 5 (test's), validation's batches (4096 padded source tokens)
+run_step decode "${t_decode}" bash -c 'for beam in 1 5; do "$0" scripts/bench_decode.py --random --device "$1" \
+    --beam "${beam}" --max-tokens 4096 "${@:2}" || exit 1; done' "${py}" "${device}" "${decode[@]}"
 machine="$("${py}" - <<'PY'
 import platform
 
@@ -193,6 +201,8 @@ PY
         done
     fi
     section "6. Peak memory, 200+200 layers, activation checkpointing off/on" "${out}/logs/deep_memory.log" 12
+    section "7. Decoding, iwslt sizes, untrained weights (every sentence runs to its length limit): greedy, beam 5" \
+        "${out}/logs/decode.log" 12
     echo
     echo "Logs, with each deep-at-width run's per-update losses: ${out}/logs/"
 } > "${report}.tmp" && mv "${report}.tmp" "${report}"
