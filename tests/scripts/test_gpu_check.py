@@ -12,7 +12,7 @@ import torch
 from tests.conftest import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-STEPS = ("gpu_tests", "throughput_4k", "throughput_32k", "deep_bench", "deep_width_fp32", "deep_memory")
+STEPS = ("gpu_tests", "throughput_4k", "throughput_32k", "deep_bench", "deep_width_fp32", "deep_memory", "decode")
 
 
 @pytest.mark.slow
@@ -34,13 +34,16 @@ def test_cpu_dry_run_runs_every_step_and_writes_the_report(tmp_path: Path) -> No
     assert "deep: 2+2 layers" in report  # +experiment=deep's bench row
     assert "| 2 | off |" in report and "| 2 | on |" in report  # memory: checkpointing off and on
     assert "| adam_3e-5 | 1 |" in report  # deep at width: the deep recipe's table
+    assert "beam 1, device cpu" in report and "beam 5, device cpu" in report  # decoding: greedy and beam 5
+    deep = report.split("## 4.")[1].split("## 5.")[0]
+    assert "| off |" in deep and "| on |" in deep  # the deep bench compiles too (per layer)
     losses = (tmp_path / "out" / "logs" / "deep_width_fp32_train.log").read_text()
     assert "update 1/2 " in losses and "update 2/2 " in losses  # and its per-update losses, kept
 
 
 @pytest.mark.slow
 def test_a_step_over_its_time_box_is_reported_and_the_others_still_run(tmp_path: Path) -> None:
-    boxes = ("T_TESTS", "T_BENCH", "T_BENCH_32K", "T_DEEP_BENCH", "T_MEMORY", "T_DEEP")
+    boxes = ("T_TESTS", "T_BENCH", "T_BENCH_32K", "T_DEEP_BENCH", "T_MEMORY", "T_DEEP", "T_DECODE")
     env = {**os.environ, **dict.fromkeys(boxes, "1"), "DEEP_AT_WIDTH": "0"}  # deep at width: off, as on a GPU
     proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", str(tmp_path / "out")], capture_output=True,
                           text=True, env=env, timeout=300)  # fmt: skip
