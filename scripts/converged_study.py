@@ -121,11 +121,17 @@ def run_converged(args: argparse.Namespace, settings: dict[str, tuple[float, flo
         shared = [o for o in shared_overrides(args) if not o.startswith("train.threads=")]
         sweep = [*shared, f"train.threads={threads}", f"train.max_epochs={args.max_epochs}",
                  f"train.patience={args.patience}", "train.save_every_epochs=1",
-                 f"train.keep_last={max(WINDOW, args.patience + 2)}", "train.seed=" + ",".join(map(str, seeds)),
+                 f"train.keep_last={keep_last(args.patience)}", "train.seed=" + ",".join(map(str, seeds)),
                  "+tuned=" + ",".join(arms)]  # fmt: skip
         if code := multirun(args.out, [], args.jobs, "final/${hydra:runtime.choices.tuned}/seed${train.seed}", sweep):
             return code
     return 0
+
+
+def keep_last(patience: int) -> int:
+    """Numbered checkpoints a converged run keeps: enough for every window of ``WINDOW`` that ends between the
+    best epoch (``patience`` before the last) and the last, so ``--best-window`` has windows to choose from."""
+    return WINDOW + patience + 2
 
 
 def continue_grid_run(grid: Path, final: Path) -> None:

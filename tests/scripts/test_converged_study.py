@@ -94,6 +94,7 @@ def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path
     # ... and that is the run a fresh start with its settings trains (CPU fp32: equal losses)
     fresh = tmp_path / "fresh"
     overrides = list(OmegaConf.load(run / ".hydra" / "overrides.yaml"))
+    assert "train.keep_last=8" in overrides  # window 5, patience 1: windows ending at the best epoch or later
     subprocess.run([sys.executable, "-m", "tfx.train", f"hydra.run.dir={fresh}",
                     f"hydra.searchpath=[file://{out / 'arms'}]", *overrides], cwd=CHECKOUT, check=True)  # fmt: skip
     assert [r["train/loss"] for r in _updates(fresh)] == pytest.approx([r["train/loss"] for r in updates], rel=1e-5)
