@@ -185,8 +185,12 @@ def decode_commands(args: argparse.Namespace, run: Path) -> list[list[str]]:
 
 
 def run_decodes(args: argparse.Namespace) -> int:
-    """Stage 3: per finished run, average first, then its decodes ``--jobs`` at a time; the number that failed."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    """Stage 3: per finished run, average first, then its decodes, ``--jobs`` runs at a time (fewer runs get the
+    spare cores as threads); the number that failed."""
+    runs = [r for arm in args.arms for r in final_runs(args.out, arm, args.seeds).values() if finished(r)]
+    runs = [r for r in runs if decode_commands(args, r)]  # what is scored already is not decoded again
+    threads = max(args.threads, args.threads * args.jobs // max(len(runs), 1))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
 
     def one_run(run: Path) -> int:
         failed = 0
@@ -198,7 +202,6 @@ def run_decodes(args: argparse.Namespace) -> int:
                 print(f"{' '.join(cmd[:4])}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}", file=sys.stderr)
         return failed
 
-    runs = [r for arm in args.arms for r in final_runs(args.out, arm, args.seeds).values() if finished(r)]
     with ThreadPoolExecutor(args.jobs) as pool:
         return sum(pool.map(one_run, runs))
 
