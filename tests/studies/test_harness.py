@@ -101,3 +101,25 @@ def test_running_mean_uses_what_exists_at_the_start() -> None:
     assert running_mean([4.0, 2.0, 6.0, 0.0], 2) == [4.0, 3.0, 4.0, 3.0]
     assert running_mean([1.0, 2.0, 3.0], 10) == [1.0, 1.5, 2.0]
     assert running_mean([], 3) == []
+
+
+STOPPED_STUDY = """
+import json, os, signal, sys, time
+from pathlib import Path
+from tfx.studies.harness import run_recorded
+
+def work():
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGTERM)  # as a study stopped from outside
+    time.sleep(5)
+    return 0, 0
+
+sys.exit(run_recorded(Path(sys.argv[1]), {"wall_seconds": 1.0}, work))
+"""
+
+
+def test_a_study_stopped_by_sigterm_records_its_wall_time(tmp_path: Path) -> None:
+    path = tmp_path / "study.json"
+    done = subprocess.run([sys.executable, "-c", STOPPED_STUDY, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130 and "re-run the same command to finish" in done.stderr
+    assert 1.25 < json.loads(path.read_text())["wall_seconds"] < 5.0  # 1.0 before, plus this invocation's 0.3 s

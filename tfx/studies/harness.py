@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -71,16 +72,23 @@ def run_recorded(path: Path, study: dict[str, Any], work: Callable[[], tuple[int
     even when interrupted; a stopped study says how to go on (the same command resumes it)."""
     path.write_text(json.dumps(study, indent=1))
     tic = time.perf_counter()
+    previous = signal.signal(signal.SIGTERM, _interrupted)  # a study stopped by SIGTERM records its time too
     try:
         code, failed = work()
     except KeyboardInterrupt:
         code, failed = 130, 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     study["wall_seconds"] += time.perf_counter() - tic
     path.write_text(json.dumps(study, indent=1))
     if code or failed:
         print(f"stopped (exit {code}, {failed} decodes failed); re-run the same command to finish", file=sys.stderr)
         return code or 1
     return 0
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def running_mean(values: list[float], window: int) -> list[float]:
