@@ -52,12 +52,13 @@ def setting_name(lr: float, dropout: float, warmup: int) -> str:
     return f"lr{lr:g}_d{dropout:g}_w{warmup}"
 
 
-def shared_overrides(args: argparse.Namespace) -> list[str]:
-    """What every run of the study shares."""
+def shared_overrides(args: argparse.Namespace, threads: int | None = None) -> list[str]:
+    """What every run of the study shares (``threads``: instead of ``--threads``, for runs given spare cores)."""
     src, tgt = args.direction.split("-")
     layers = f"model.encoder_layers={args.layers}", f"model.decoder_layers={args.layers}"
     return ["+experiment=multi30k", f"data.local_dir={args.data_dir}", f"data.src_lang={src}",
-            f"data.tgt_lang={tgt}", *layers, f"train.threads={args.threads}", f"train.precision={args.precision}",
+            f"data.tgt_lang={tgt}", *layers, f"train.threads={threads or args.threads}",
+            f"train.precision={args.precision}",
             "train.max_minutes=0", "train.validate_every_minutes=0", "train.validate_every_updates=0",
             "train.progress=false", *args.overrides]  # fmt: skip
 
@@ -117,15 +118,20 @@ def run_converged(args: argparse.Namespace, settings: dict[str, tuple[float, flo
              for arm, (lr, d, w) in settings.items()}  # fmt: skip
     write_arms(args.out / "arms", list(settings), group="tuned", settings=tuned)
     for seeds, arms in todo.items():
-        threads = max(args.threads, args.threads * args.jobs // (len(seeds) * len(arms)))
-        shared = [o for o in shared_overrides(args) if not o.startswith("train.threads=")]
-        sweep = [*shared, f"train.threads={threads}", f"train.max_epochs={args.max_epochs}",
+        threads = threads_each(args, len(seeds) * len(arms))
+        sweep = [*shared_overrides(args, threads), f"train.max_epochs={args.max_epochs}",
                  f"train.patience={args.patience}", "train.save_every_epochs=1",
                  f"train.keep_last={keep_last(args.patience)}", "train.seed=" + ",".join(map(str, seeds)),
                  "+tuned=" + ",".join(arms)]  # fmt: skip
         if code := multirun(args.out, [], args.jobs, "final/${hydra:runtime.choices.tuned}/seed${train.seed}", sweep):
             return code
     return 0
+
+
+def threads_each(args: argparse.Namespace, runs: int) -> int:
+    """Threads per run when ``runs`` run at once: ``--threads``, or more when fewer runs than ``--jobs`` leave
+    cores idle."""
+    return max(args.threads, args.threads * args.jobs // max(runs, 1))
 
 
 def keep_last(patience: int) -> int:
@@ -189,8 +195,7 @@ def run_decodes(args: argparse.Namespace) -> int:
     spare cores as threads); the number that failed."""
     runs = [r for arm in args.arms for r in final_runs(args.out, arm, args.seeds).values() if finished(r)]
     runs = [r for r in runs if decode_commands(args, r)]  # what is scored already is not decoded again
-    threads = max(args.threads, args.threads * args.jobs // max(len(runs), 1))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads_each(args, len(runs)))}
 
     def one_run(run: Path) -> int:
         failed = 0

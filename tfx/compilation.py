@@ -20,9 +20,8 @@ from contextlib import AbstractContextManager
 import torch
 from torch import nn
 
+from tfx.config import COMPILE_SCOPES
 from tfx.model import Transformer
-
-SCOPES = ("layers", "model")
 
 
 def compile_for_training(model: Transformer, scope: str, dynamic: bool, backend: str = "inductor") -> nn.Module:
@@ -32,7 +31,7 @@ def compile_for_training(model: Transformer, scope: str, dynamic: bool, backend:
     if scope == "model":
         return torch.compile(model, dynamic=dynamic, backend=backend)
     if scope != "layers":
-        raise ValueError(f"compile scope {scope!r}: use one of {SCOPES}")
+        raise ValueError(f"compile scope {scope!r}: use one of {COMPILE_SCOPES}")
     for layer in (*model.encoder.layers, *model.decoder.layers):
         layer.compile(dynamic=dynamic, backend=backend)
     return model

@@ -20,6 +20,7 @@ DATA_SOURCES = ("toy", "local", "hub")
 BATCHINGS = ("padded", "packed")  # tfx/data/batching.py, tfx/data/packing.py
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # tfx/precision.py says what each does
 STRATEGIES = ("ddp", "fsdp")  # tfx/sharding.py says what fsdp does
+COMPILE_SCOPES = ("layers", "model")  # tfx/compilation.py says what each compiles
 
 
 def _require(ok: bool, message: str) -> None:
@@ -226,7 +227,7 @@ class TrainConfig:
         _require(self.precision in PRECISIONS, f"train.precision={self.precision!r}: use {', '.join(PRECISIONS)}")
         _require(self.strategy in STRATEGIES, f"train.strategy={self.strategy!r}: use {' or '.join(STRATEGIES)}")
         _require(self.update_freq >= 1, "train.update_freq must be >= 1")
-        _require(self.compile_scope in ("layers", "model"), "train.compile_scope: use layers or model")
+        _require(self.compile_scope in COMPILE_SCOPES, f"train.compile_scope: use {' or '.join(COMPILE_SCOPES)}")
         _require(self.valid_beam >= 1, "train.valid_beam must be >= 1")
         _require(self.keep_last >= 1, "train.keep_last must be >= 1")
         _require(self.patience >= 0, "train.patience must be >= 0 (0 = off)")

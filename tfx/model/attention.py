@@ -122,6 +122,8 @@ class MultiheadAttention(nn.Module):
 
     def _project(self, x: Tensor, projections: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
         """``x`` through several projections as one GEMM, split into heads: (N, H, T, Dh) each."""
+        if len(projections) == 1:  # nothing to concatenate: copying the weight would be the only effect
+            return (self._split_heads(projections[0](x)),)
         weight = torch.cat([p.weight for p in projections])
         bias = torch.cat([p.bias for p in projections])
         return tuple(self._split_heads(y) for y in F.linear(x, weight, bias).chunk(len(projections), dim=-1))
