@@ -1,21 +1,27 @@
-"""Methods at the end of training on Multi30k: a tuning grid per arm, then seeds to convergence, then test BLEU.
+"""Methods at the end of training on Multi30k: a tuning grid per arm, finalists to convergence, seeds, test BLEU.
 
-1. **Grid** (``--grid-epochs`` epochs, seed 1): every arm over the same grid of peak lr (``--lrs``) x dropout
-   (``--dropouts``) x warmup updates (``--warmups``; an arm whose method trains without warmup keeps 0 only),
-   greedy valid BLEU each epoch; the setting with the best valid BLEU is the arm's.
-2. **Converged** (each ``--seeds``): the arm with its setting, validating each epoch, until valid BLEU has not
-   improved for ``--patience`` epochs (``train.patience``) or ``--max-epochs``; numbered checkpoints each epoch.
-3. **Test** (beam 5): the best-valid checkpoint, and the average of the best window of numbered checkpoints
-   chosen on valid (``tfx.average --best-window``), on test2016, test_2017_flickr and test_2018_flickr, as
-   sacreBLEU (13a, cased) and as the lowercased tokenized BLEU the Multi30k literature reports.
+Each arm goes through the stages in turn (arms finish one at a time, so an interrupted study has whole arms):
+
+1. **Grid** (``--grid-epochs`` epochs, seed 1): peak lr (``--lrs``) x dropout (``--dropouts``) x warmup updates
+   (``--warmups``; an arm whose method trains without warmup keeps 0 only), greedy valid BLEU each epoch.
+2. **Finalists** (seed 1): per dropout, the grid's best lr and warmup, trained on to convergence: until valid BLEU
+   has not improved for ``--patience`` epochs (``train.patience``) or ``--max-epochs``; numbered checkpoints each
+   epoch. The finalist with the best valid BLEU is the arm's setting. Why not take the grid's best outright: a
+   short budget shows which lr and warmup train fastest, but it rewards the weaker dropout, which starts faster
+   and ends worse (T-Fixup at dropout 0.1 led the grid and plateaued at epoch 6; docs/methods.md).
+3. **Seeds** (the other ``--seeds``): the arm's setting to convergence.
+4. **Test** (beam 5, the arm's setting, every seed): the best-valid checkpoint, and the average of the best window
+   of numbered checkpoints chosen on valid (``tfx.average --best-window``), on test2016, test_2017_flickr and
+   test_2018_flickr, as sacreBLEU (13a, cased) and as the lowercased tokenized BLEU the Multi30k literature
+   reports.
 
 Outputs in ``--out``: ``converged_study.md`` (mean +- std over seeds and each seed's value, epochs to the best
-valid score, the chosen setting, wall time), ``converged_study.png`` (valid BLEU per epoch, the mean per arm
-with the seeds' range as a band), ``study.json`` and ``runs/`` (one TensorBoard folder). Everything resumes:
-run the same command again after an interruption; finished runs do not train again and scored decodes are not
-redone. ``--replot`` rewrites table and figure from the run folders. ``--layers 12`` is the deeper table
-(12 + 12 layers, d 256); ``--direction en-de`` the other direction. The study harness is ``tfx.studies``:
-tfx must be installed (``pip install -e ".[study]"``).
+valid score, the chosen setting, every finalist's valid BLEU, wall time), ``converged_study.png`` (valid BLEU per
+epoch, the mean per arm with the seeds' range as a band, the other finalists dashed), ``study.json`` and
+``runs/`` (one TensorBoard folder). Everything resumes: run the same command again after an interruption;
+finished runs do not train again and scored decodes are not redone. ``--replot`` rewrites table and figure from
+the run folders. ``--layers 12`` is the deeper table (12 + 12 layers, d 256); ``--direction en-de`` the other
+direction. The study harness is ``tfx.studies``: tfx must be installed (``pip install -e ".[study]"``).
 
 Usage (CPU; an epoch of the 3+3 model takes about 8 minutes on one AVX2 thread in fp32, 2 on a bf16 one)::
 
@@ -38,17 +44,18 @@ from pathlib import Path
 from typing import Any
 
 from tfx.metrics_log import FILENAME, read_metrics
-from tfx.studies.arms import ARMS, write_arms
+from tfx.studies.arms import ARMS, write_arm
 from tfx.studies.harness import CHECKOUT, missing_files, multirun, open_study, run_recorded, train_or_replot
 
 DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "admin", "xavier_noln"]
 WARMUP_FREE = {"tfixup", "xavier_noln", "postln_nowarmup"}  # methods whose recipe is no warmup at all
 TEST_SETS = {"test": "test2016", "test_2017_flickr": "test2017 flickr", "test_2018_flickr": "test2018 flickr"}
 KINDS = {"best": "checkpoints/checkpoint_best.pt", "avg": "average.pt"}  # what is decoded, per run folder
+Setting = tuple[float, float, int]  # (peak lr, dropout, warmup updates)
 WINDOW = 5  # numbered checkpoints averaged, at most (the window is chosen on valid)
 
 
-def setting_name(lr: float, dropout: float, warmup: int) -> str:
+def setting_name(lr: float, dropout: float, warmup: int) -> str:  # a grid run's folder
     return f"lr{lr:g}_d{dropout:g}_w{warmup}"
 
 
@@ -63,24 +70,21 @@ def shared_overrides(args: argparse.Namespace, threads: int | None = None) -> li
             "train.progress=false", *args.overrides]  # fmt: skip
 
 
-def grid_settings(arm: str, args: argparse.Namespace) -> list[tuple[float, float, int]]:
+def grid_settings(arm: str, args: argparse.Namespace) -> list[Setting]:
     warmups = [0] if ARMS[arm][0] in WARMUP_FREE else args.warmups
     return [(lr, d, w) for lr in args.lrs for d in args.dropouts for w in warmups]
 
 
-def run_grid(args: argparse.Namespace) -> int:
-    """Stage 1: one multirun per arm over its grid (a finished run is not trained again: it resumes at its end)."""
-    for arm in args.arms:
-        if all(finished(args.out / "runs" / "grid" / arm / setting_name(*s)) for s in grid_settings(arm, args)):
-            continue  # a finished run would only validate again
-        lrs, drops, warms = (sorted({s[i] for s in grid_settings(arm, args)}) for i in range(3))
-        sweep = [*shared_overrides(args), f"train.max_epochs={args.grid_epochs}", "train.seed=1",
-                 "optim.lr=" + ",".join(map(str, lrs)), "model.dropout=" + ",".join(map(str, drops)),
-                 "optim.warmup_updates=" + ",".join(map(str, warms)), f"+arm={arm}"]  # fmt: skip
-        subdir = f"grid/{arm}/lr${{optim.lr}}_d${{model.dropout}}_w${{optim.warmup_updates}}"
-        if code := multirun(args.out, [arm], args.jobs, subdir, sweep):
-            return code
-    return 0
+def run_grid(args: argparse.Namespace, arm: str) -> int:
+    """Stage 1: the arm's grid in one multirun (left out when finished: a finished run would only validate again)."""
+    if all(finished(args.out / "runs" / "grid" / arm / setting_name(*s)) for s in grid_settings(arm, args)):
+        return 0
+    lrs, drops, warms = (sorted({s[i] for s in grid_settings(arm, args)}) for i in range(3))
+    sweep = [*shared_overrides(args), f"train.max_epochs={args.grid_epochs}", "train.seed=1",
+             "optim.lr=" + ",".join(map(str, lrs)), "model.dropout=" + ",".join(map(str, drops)),
+             "optim.warmup_updates=" + ",".join(map(str, warms)), f"+arm={arm}"]  # fmt: skip
+    subdir = f"grid/{arm}/lr${{optim.lr}}_d${{model.dropout}}_w${{optim.warmup_updates}}"
+    return multirun(args.out, [arm], args.jobs, subdir, sweep)
 
 
 def best_valid(run: Path) -> tuple[float, int]:
@@ -92,40 +96,53 @@ def best_valid(run: Path) -> tuple[float, int]:
     return valid[best]["valid/bleu"], best + 1
 
 
-def chosen_setting(out: Path, arm: str, args: argparse.Namespace) -> tuple[float, float, int]:
-    """The grid setting with the best valid BLEU (the first of equals, in grid order)."""
-    scored = [(best_valid(out / "runs" / "grid" / arm / setting_name(*s))[0], s) for s in grid_settings(arm, args)]
-    scored = [(bleu, s) for bleu, s in scored if not math.isnan(bleu)]
-    if not scored:
-        raise SystemExit(f"no finished grid run for arm {arm} in {out / 'runs' / 'grid' / arm}")
-    return max(scored, key=lambda pair: pair[0])[1]
+def finalist_name(arm: str, dropout: float) -> str:
+    return f"{arm}_d{dropout:g}"
 
 
-def run_converged(args: argparse.Namespace, settings: dict[str, tuple[float, float, int]]) -> int:
-    """Stage 2: each arm with its chosen setting, every seed, to convergence.
+def grid_finalists(out: Path, arm: str, args: argparse.Namespace) -> dict[str, Setting]:
+    """Per dropout, the grid setting with the best valid BLEU (the first of equals, in grid order), by
+    ``finalist_name``: the short budget chooses lr and warmup, convergence chooses dropout."""
+    finalists = {}
+    for dropout in args.dropouts:
+        scored = [(best_valid(out / "runs" / "grid" / arm / setting_name(*s))[0], s)
+                  for s in grid_settings(arm, args) if s[1] == dropout]  # fmt: skip
+        scored = [(bleu, s) for bleu, s in scored if not math.isnan(bleu)]
+        if not scored:
+            grid = out / "runs" / "grid" / arm
+            raise SystemExit(f"no finished grid run for arm {arm}, dropout {dropout:g} in {grid}")
+        finalists[finalist_name(arm, dropout)] = max(scored, key=lambda pair: pair[0])[1]
+    return finalists
 
-    The arms' settings differ, so each arm becomes a ``tuned/<arm>.yaml`` config and one multirun sweeps them
-    (a cartesian sweep cannot give each arm its own lr): ``--jobs`` runs train at once whichever arm they belong
-    to. Seed 1 continues its grid run (``continue_grid_run``). Fewer runs than ``--jobs`` get the idle cores as
-    threads. Finished runs are left out of the sweep (one sweep per set of seeds still to train).
+
+def chosen_finalist(out: Path, finalists: dict[str, Setting]) -> str:
+    """The finalist whose converged seed-1 run has the best valid BLEU (the first of equals)."""
+    return max(finalists, key=lambda name: best_valid(final_runs(out, name, [1])[1])[0])
+
+
+def run_tuned(args: argparse.Namespace, arm: str, settings: dict[str, Setting], seeds: list[int]) -> int:
+    """Stages 2 and 3: the named settings of ``arm`` (its finalists, or its chosen one), each seed, to convergence.
+
+    Each name becomes ``tuned/<name>.yaml`` and one multirun sweeps names x seeds (a cartesian sweep over lr,
+    dropout and warmup cannot give each finalist its own): ``--jobs`` runs at once; fewer runs than ``--jobs``
+    get the idle cores as threads. Seed 1 continues its grid run (``continue_grid_run``). Finished runs are left
+    out (the study sweeps several names at one seed, or one name at several).
     """
-    todo: dict[tuple[int, ...], list[str]] = {}
-    for arm, setting in settings.items():
-        continue_grid_run(args.out / "runs" / "grid" / arm / setting_name(*setting), final_runs(args.out, arm, [1])[1])
-        if seeds := tuple(seed for seed, run in final_runs(args.out, arm, args.seeds).items() if not finished(run)):
-            todo.setdefault(seeds, []).append(arm)
-    tuned = {arm: [f"optim.lr={lr}", f"model.dropout={d}", f"optim.warmup_updates={w}"]
-             for arm, (lr, d, w) in settings.items()}  # fmt: skip
-    write_arms(args.out / "arms", list(settings), group="tuned", settings=tuned)
-    for seeds, arms in todo.items():
-        threads = threads_each(args, len(seeds) * len(arms))
-        sweep = [*shared_overrides(args, threads), f"train.max_epochs={args.max_epochs}",
-                 f"train.patience={args.patience}", "train.save_every_epochs=1",
-                 f"train.keep_last={keep_last(args.patience)}", "train.seed=" + ",".join(map(str, seeds)),
-                 "+tuned=" + ",".join(arms)]  # fmt: skip
-        if code := multirun(args.out, [], args.jobs, "final/${hydra:runtime.choices.tuned}/seed${train.seed}", sweep):
-            return code
-    return 0
+    for name, setting in settings.items():
+        continue_grid_run(args.out / "runs" / "grid" / arm / setting_name(*setting), final_runs(args.out, name, [1])[1])
+        lr, dropout, warmup = setting
+        write_arm(args.out / "arms" / "tuned" / f"{name}.yaml", arm,
+                  [f"optim.lr={lr}", f"model.dropout={dropout}", f"optim.warmup_updates={warmup}"])  # fmt: skip
+    todo = [(name, seed) for name in settings for seed, run in final_runs(args.out, name, seeds).items()
+            if not finished(run)]  # fmt: skip
+    if not todo:
+        return 0
+    names, todo_seeds = sorted({n for n, _ in todo}), sorted({s for _, s in todo})
+    sweep = [*shared_overrides(args, threads_each(args, len(names) * len(todo_seeds))),
+             f"train.max_epochs={args.max_epochs}", f"train.patience={args.patience}", "train.save_every_epochs=1",
+             f"train.keep_last={keep_last(args.patience)}", "train.seed=" + ",".join(map(str, todo_seeds)),
+             "+tuned=" + ",".join(names)]  # fmt: skip
+    return multirun(args.out, [], args.jobs, "final/${hydra:runtime.choices.tuned}/seed${train.seed}", sweep)
 
 
 def threads_each(args: argparse.Namespace, runs: int) -> int:
@@ -165,8 +182,9 @@ def continue_grid_run(grid: Path, final: Path) -> None:
     partial.rename(final)
 
 
-def final_runs(out: Path, arm: str, seeds: list[int]) -> dict[int, Path]:
-    return {seed: out / "runs" / "final" / arm / f"seed{seed}" for seed in seeds}
+def final_runs(out: Path, name: str, seeds: list[int]) -> dict[int, Path]:
+    """The converged runs of a finalist (``finalist_name``), by seed."""
+    return {seed: out / "runs" / "final" / name / f"seed{seed}" for seed in seeds}
 
 
 def score_path(run: Path, kind: str, test: str) -> Path:
@@ -190,11 +208,10 @@ def decode_commands(args: argparse.Namespace, run: Path) -> list[list[str]]:
     return cmds
 
 
-def run_decodes(args: argparse.Namespace) -> int:
-    """Stage 3: per finished run, average first, then its decodes, ``--jobs`` runs at a time (fewer runs get the
+def run_decodes(args: argparse.Namespace, runs: list[Path]) -> int:
+    """Stage 4: per finished run, average first, then its decodes, ``--jobs`` runs at a time (fewer runs get the
     spare cores as threads); the number that failed."""
-    runs = [r for arm in args.arms for r in final_runs(args.out, arm, args.seeds).values() if finished(r)]
-    runs = [r for r in runs if decode_commands(args, r)]  # what is scored already is not decoded again
+    runs = [r for r in runs if finished(r) and decode_commands(args, r)]  # what is scored is not decoded again
     env = {**os.environ, "OMP_NUM_THREADS": str(threads_each(args, len(runs)))}
 
     def one_run(run: Path) -> int:
@@ -251,17 +268,18 @@ def write_report(out: Path) -> str:
         f"# Converged comparison: Multi30k {args.direction}, {args.layers}+{args.layers} layers, seeds {args.seeds}",
         "",
         f"Every run: `{' '.join(study['overrides'])}`; grid: lr {args.lrs} x dropout {args.dropouts} x warmup "
-        f"{args.warmups} ({args.grid_epochs} epochs, seed 1; warmup-free methods: warmup 0), then patience "
-        f"{args.patience}, at most {args.max_epochs} epochs. Test: beam 5; `best` = the best-valid checkpoint, `avg` ="
-        f" the best window of {WINDOW} numbered checkpoints on valid. sacreBLEU (13a, cased) / tokBLEU (lowercased,"
-        f" tokenized). Wall time {study['wall_seconds'] / 60:.1f} min.",
+        f"{args.warmups} ({args.grid_epochs} epochs, seed 1; warmup-free methods: warmup 0); per dropout the grid's "
+        f"best lr and warmup trained on (patience {args.patience}, at most {args.max_epochs} epochs), the best on "
+        f"valid is the arm's setting. Test: beam 5; `best` = the best-valid checkpoint, `avg` = the best window of "
+        f"{WINDOW} numbered checkpoints on valid. sacreBLEU (13a, cased) / tokBLEU (lowercased, tokenized). Wall "
+        f"time {study['wall_seconds'] / 60:.1f} min.",
         "",
         "| arm | setting | epochs to best | valid | " + " | ".join(
             f"{label} {kind} sacre / tok" for label in TEST_SETS.values() for kind in KINDS) + " |",
         "|---|---|---|---|" + "---|" * (len(TEST_SETS) * len(KINDS)),
     ]  # fmt: skip
     for arm, setting in study["settings"].items():
-        runs = list(final_runs(out, arm, args.seeds).values())
+        runs = list(final_runs(out, finalist_name(arm, setting[1]), args.seeds).values())
         bests = [best_valid(r) for r in runs]
         cells = [setting_name(*setting), mean_std([float(e) for _, e in bests if e]), mean_std([b for b, _ in bests])]
         for test in TEST_SETS:
@@ -269,6 +287,17 @@ def write_report(out: Path) -> str:
                 pairs = [test_scores(r, kind, test) for r in runs]
                 cells.append(f"{mean_std([p[0] for p in pairs])} / {mean_std([p[1] for p in pairs])}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += ["", "Finalists (seed 1; greedy valid BLEU, best and at the end of the grid's budget):", "",
+              "| arm | setting | grid valid | converged valid | epochs to best | epochs | chosen |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for arm, finalists in study.get("finalists", {}).items():
+        for name, setting in finalists.items():
+            run = final_runs(out, name, [1])[1]
+            curve, (bleu, epoch) = valid_curve(run), best_valid(run)
+            grid = max(curve[: args.grid_epochs], default=math.nan)
+            mark = "yes" if arm in study["settings"] and list(setting) == list(study["settings"][arm]) else ""
+            cells = [arm, setting_name(*setting), f"{grid:.2f}", f"{bleu:.2f}", str(epoch), str(len(curve)), mark]
+            lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     (out / "converged_study.md").write_text(text)
     plot(out, study, args)
@@ -276,21 +305,29 @@ def write_report(out: Path) -> str:
 
 
 def plot(out: Path, study: dict[str, Any], args: argparse.Namespace) -> None:
+    """Valid BLEU per epoch: each arm's setting, the mean over seeds with their range as a band; the arm's other
+    finalists (seed 1) dashed, in the same colour."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for arm in study["settings"]:
-        curves = [c for c in map(valid_curve, final_runs(out, arm, args.seeds).values()) if c]
+    for arm, setting in study["settings"].items():
+        runs = final_runs(out, finalist_name(arm, setting[1]), args.seeds).values()
+        curves = [c for c in map(valid_curve, runs) if c]
         if not curves:
             continue
         n = max(map(len, curves))
         at = [[c[i] for c in curves if i < len(c)] for i in range(n)]
         epochs = range(1, n + 1)
-        ax.plot(epochs, [statistics.fmean(v) for v in at], marker="o", markersize=3, label=arm)
-        ax.fill_between(epochs, [min(v) for v in at], [max(v) for v in at], alpha=0.2)
+        (line,) = ax.plot(epochs, [statistics.fmean(v) for v in at], marker="o", markersize=3,
+                          label=f"{arm} ({setting_name(*setting)})")  # fmt: skip
+        ax.fill_between(epochs, [min(v) for v in at], [max(v) for v in at], alpha=0.2, color=line.get_color())
+        for name, other in study.get("finalists", {}).get(arm, {}).items():
+            if list(other) != list(setting) and (curve := valid_curve(final_runs(out, name, [1])[1])):
+                ax.plot(range(1, len(curve) + 1), curve, linestyle="--", linewidth=1, color=line.get_color(),
+                        label=f"{arm} ({setting_name(*other)}, not chosen)")  # fmt: skip
     ax.set(xlabel="epoch", ylabel="valid BLEU (greedy)", title="valid BLEU per epoch (mean; band: seeds' range)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -341,13 +378,21 @@ def run_study(args: argparse.Namespace) -> int:
         return 2
 
     def work() -> tuple[int, int]:
-        if code := run_grid(args):
-            return code, 0
-        study["settings"].update({arm: chosen_setting(args.out, arm, args) for arm in args.arms})
-        path.write_text(json.dumps(study, indent=1))
-        if code := run_converged(args, {arm: study["settings"][arm] for arm in args.arms}):
-            return code, 0
-        return 0, run_decodes(args)
+        failed = 0
+        for arm in args.arms:  # an arm's stages in turn: an interrupted study has whole arms to report
+            if code := run_grid(args, arm):
+                return code, failed
+            finalists = study.setdefault("finalists", {})[arm] = grid_finalists(args.out, arm, args)
+            path.write_text(json.dumps(study, indent=1))
+            if code := run_tuned(args, arm, finalists, [1]):
+                return code, failed
+            name = chosen_finalist(args.out, finalists)
+            study["settings"][arm] = finalists[name]
+            path.write_text(json.dumps(study, indent=1))
+            if code := run_tuned(args, arm, {name: finalists[name]}, [s for s in args.seeds if s != 1]):
+                return code, failed
+            failed += run_decodes(args, list(final_runs(args.out, name, args.seeds).values()))
+        return 0, failed
 
     return run_recorded(path, study, work)
 

@@ -1,6 +1,6 @@
-"""scripts/converged_study.py: the grid's choice, mean +- std over seeds, and a micro study that trains
-(grid, then seeds with patience; seed 1 continues its grid run, as a fresh run would train), decodes, reports
-and resumes without redoing work. CPU, fp32."""
+"""scripts/converged_study.py: the grid's finalists and the choice among them at convergence, mean +- std over
+seeds, and a micro study that trains (grid, then the finalist with patience, continuing its grid run as a fresh
+run would train), decodes, reports and resumes without redoing work. CPU, fp32."""
 
 from __future__ import annotations
 
@@ -48,17 +48,24 @@ def _valid_run(folder: Path, bleus: list[float]) -> None:
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
-def test_the_grid_picks_the_best_valid_bleu_and_warmup_free_arms_keep_warmup_0(cs: ModuleType, tmp_path: Path) -> None:
-    args = cs.parse_args(["--out", str(tmp_path), "--lrs", "0.0005", "0.001", "--dropouts", "0.3", "--warmups", "0",
-                          "400"])  # fmt: skip
-    assert cs.grid_settings("tfixup", args) == [(0.0005, 0.3, 0), (0.001, 0.3, 0)]
-    assert len(cs.grid_settings("postln", args)) == 4
-    scores = {(0.0005, 0.3, 0): [10, 20], (0.0005, 0.3, 400): [12, 24.5], (0.001, 0.3, 0): [5], (0.001, 0.3, 400): []}
+def test_the_grid_picks_lr_and_warmup_per_dropout_and_warmup_free_arms_keep_warmup_0(cs: ModuleType,
+                                                                                     tmp_path: Path) -> None:
+    args = cs.parse_args(["--out", str(tmp_path), "--lrs", "0.0005", "0.001", "--dropouts", "0.1", "0.3",
+                          "--warmups", "0", "400"])  # fmt: skip
+    assert cs.grid_settings("tfixup", args) == [(0.0005, 0.1, 0), (0.0005, 0.3, 0), (0.001, 0.1, 0), (0.001, 0.3, 0)]
+    assert len(cs.grid_settings("postln", args)) == 8
+    scores = {(0.0005, 0.3, 0): [10, 20], (0.0005, 0.3, 400): [12, 24.5], (0.001, 0.3, 0): [5], (0.001, 0.3, 400): [],
+              (0.0005, 0.1, 0): [20, 30], (0.001, 0.1, 400): [22, 29]}  # fmt: skip
     for setting, bleus in scores.items():
         if bleus:
             _valid_run(tmp_path / "runs" / "grid" / "postln" / cs.setting_name(*setting), bleus)
-    assert cs.chosen_setting(tmp_path, "postln", args) == (0.0005, 0.3, 400)
+    finalists = cs.grid_finalists(tmp_path, "postln", args)
+    assert finalists == {"postln_d0.1": (0.0005, 0.1, 0), "postln_d0.3": (0.0005, 0.3, 400)}
     assert cs.best_valid(tmp_path / "runs" / "grid" / "postln" / "lr0.0005_d0.3_w400") == (24.5, 2)
+    # converged, the dropout that led the grid (30 against 24.5) ends worse: the arm takes the other
+    _valid_run(cs.final_runs(tmp_path, "postln_d0.1", [1])[1], [20, 30, 31, 31.5, 31])
+    _valid_run(cs.final_runs(tmp_path, "postln_d0.3", [1])[1], [12, 24.5, 30, 33, 34, 33.8])
+    assert cs.chosen_finalist(tmp_path, finalists) == "postln_d0.3"
 
 
 def _updates(run: Path) -> list[dict]:
@@ -76,7 +83,7 @@ def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path
     assert cs.main(argv) == 0
     grid = sorted(p.name for p in (out / "runs" / "grid" / "postln").iterdir())
     assert grid == ["lr0.001_d0.1_w0", "lr0.001_d0.1_w10"]
-    run = out / "runs" / "final" / "postln" / "seed1"
+    run = out / "runs" / "final" / "postln_d0.1" / "seed1"
     for kind in cs.KINDS:
         for test in cs.TEST_SETS:
             sacre, tok = cs.test_scores(run, kind, test)

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+from tfx.config import compose_config
 from tfx.studies import harness
-from tfx.studies.arms import ARMS, write_arms
+from tfx.studies.arms import ARMS, write_arm, write_arms
 from tfx.studies.harness import CHECKOUT, multirun, open_study, running_mean, train_or_replot
 
 
@@ -30,13 +31,14 @@ def test_each_arm_file_overrides_the_method_and_adds_its_settings(tmp_path: Path
     assert all((CHECKOUT / "conf" / "method" / f"{method}.yaml").is_file() for method, _ in ARMS.values())
 
 
-def test_tuned_arm_files_carry_each_arms_own_settings(tmp_path: Path) -> None:
-    tuned = {"postln_tfixup_lr": ["optim.lr=0.001", "optim.warmup_updates=400"], "tfixup": ["model.dropout=0.1"]}
-    write_arms(tmp_path, list(tuned), group="tuned", settings=tuned)
-    body = OmegaConf.to_container(OmegaConf.create((tmp_path / "tuned" / "postln_tfixup_lr.yaml").read_text()))
-    assert body == {"defaults": [{"override /method": "postln"}],
+def test_a_tuned_arm_file_carries_its_own_settings_and_hydra_selects_it_by_a_dotted_name(tmp_path: Path) -> None:
+    write_arm(tmp_path / "tuned" / "postln_tfixup_lr_d0.3.yaml", "postln_tfixup_lr",
+              ["optim.lr=0.001", "optim.warmup_updates=400", "model.dropout=0.3"])  # fmt: skip
+    body = OmegaConf.to_container(OmegaConf.create((tmp_path / "tuned" / "postln_tfixup_lr_d0.3.yaml").read_text()))
+    assert body == {"defaults": [{"override /method": "postln"}], "model": {"dropout": 0.3},
                     "optim": {"offset_decay": True, "lr": 0.001, "warmup_updates": 400}}  # fmt: skip
-    assert OmegaConf.create((tmp_path / "tuned" / "tfixup.yaml").read_text()).model.dropout == 0.1
+    cfg = compose_config([f"hydra.searchpath=[file://{tmp_path}]", "+tuned=postln_tfixup_lr_d0.3"])
+    assert (cfg.model.norm, cfg.optim.lr, cfg.optim.warmup_updates, cfg.model.dropout) == ("post", 0.001, 400, 0.3)
 
 
 def test_multirun_is_one_joblib_sweep_from_the_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,16 +27,20 @@ ARMS: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def write_arms(folder: Path, arms: list[str], group: str = "arm", settings: dict[str, list[str]] | None = None) -> None:
-    """One config per arm in ``folder/<group>/`` (added to Hydra's search path), so one multirun sweeps them all
-    as ``+<group>=NAME``; ``settings`` adds per-arm ``key=value`` items (a study's tuned lr, dropout, warmup),
-    which a cartesian sweep cannot give each arm its own of."""
+def write_arms(folder: Path, arms: list[str]) -> None:
+    """One config per arm, ``folder/arm/<arm>.yaml`` (added to Hydra's search path), so one multirun sweeps them
+    all as ``+arm=NAME``."""
+    for arm in arms:
+        write_arm(folder / "arm" / f"{arm}.yaml", arm)
+
+
+def write_arm(path: Path, arm: str, settings: list[str] | None = None) -> None:
+    """The config of ``arm`` at ``path``, with ``settings`` (``key=value``: a study's tuned lr, dropout, warmup,
+    which a cartesian sweep cannot give each arm its own of) on top of what the arm sets."""
     from omegaconf import OmegaConf
 
-    (folder / group).mkdir(parents=True, exist_ok=True)
-    for arm in arms:
-        method, extra = ARMS[arm]
-        body = OmegaConf.create({"defaults": [{"override /method": method}]})
-        body = OmegaConf.merge(body, OmegaConf.from_dotlist([*extra, *(settings or {}).get(arm, [])]))
-        text = f"# @package _global_\n# study arm {arm}\n{OmegaConf.to_yaml(body)}"
-        (folder / group / f"{arm}.yaml").write_text(text)
+    method, extra = ARMS[arm]
+    body = OmegaConf.create({"defaults": [{"override /method": method}]})
+    body = OmegaConf.merge(body, OmegaConf.from_dotlist([*extra, *(settings or [])]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# @package _global_\n# study arm {arm}\n{OmegaConf.to_yaml(body)}")
