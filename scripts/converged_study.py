@@ -27,6 +27,7 @@ Usage (CPU; an epoch of the 3+3 model takes about 8 minutes on one AVX2 thread i
 
     python scripts/converged_study.py --out outputs/converged --arms tfixup postln --seeds 1
     python scripts/converged_study.py --out outputs/converged_gpu --preset gpu     # the whole table, 3 seeds
+    python scripts/converged_study.py --preset gpu --dry-run    # its plan, every arm's config composed; no training
 """
 
 from __future__ import annotations
@@ -354,13 +355,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
     p.add_argument("--precision", default="fp32")
     p.add_argument("--preset", choices=["cpu", "gpu"], default="cpu",
-                   help="gpu: 3 seeds, one job at a time on CUDA in bf16 with packed batches")  # fmt: skip
+                   help="gpu: 3 seeds, 4 runs at once on one CUDA device, bf16, packed batches, compiled")  # fmt: skip
     p.add_argument("--replot", action="store_true")
+    p.add_argument("--dry-run", action="store_true",
+                   help="train nothing: print the plan, composing each arm's config (checks a preset)")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="KEY=VALUE overrides for every run (before the options)")
     args = p.parse_args(argv)
     if args.preset == "gpu":
-        args.seeds, args.jobs, args.precision = [1, 2, 3], 1, "bf16"
-        args.overrides = ["train.device=cuda", "data.batching=packed", *args.overrides]
+        # a 3+3 d256 run keeps an H200 mostly idle, and the device machine has 16 host cores: 4 runs share it
+        args.seeds, args.jobs, args.threads, args.precision = [1, 2, 3], 4, 2, "bf16"
+        args.overrides = ["train.device=cuda", "data.batching=packed", "train.compile=true", *args.overrides]
     args.out, args.data_dir = args.out.resolve(), args.data_dir.resolve()
     return args
 
@@ -397,8 +401,47 @@ def run_study(args: argparse.Namespace) -> int:
     return run_recorded(path, study, work)
 
 
+def dry_run(args: argparse.Namespace) -> int:
+    """The study's plan, without training: per arm, its stages' runs, each composed as its sweep would compose it
+    (the arm, a finalist's settings, the shared overrides and the preset), so a bad override, arm or preset fails
+    here in seconds instead of after the grid on a GPU."""
+    import tempfile
+
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from tfx.config import compose_config
+
+    with tempfile.TemporaryDirectory() as folder:
+        search, total = f"hydra.searchpath=[file://{folder}]", 0
+        for arm in args.arms:
+            grid = grid_settings(arm, args)
+            lr, dropout, warmup = grid[0]
+            write_arm(Path(folder) / "tuned" / "plan.yaml", arm,
+                      [f"optim.lr={lr}", f"model.dropout={dropout}", f"optim.warmup_updates={warmup}"])  # fmt: skip
+            overrides = [search, *shared_overrides(args, threads_each(args, len(args.dropouts))), "+tuned=plan",
+                         f"train.max_epochs={args.max_epochs}", f"train.patience={args.patience}"]  # fmt: skip
+            try:
+                cfg = compose_config(overrides)
+            except (HydraException, OmegaConfBaseException, ValueError) as err:
+                print(f"arm {arm}: {type(err).__name__}: {str(err).splitlines()[0]}", file=sys.stderr)
+                return 2
+            runs = len(grid) * args.grid_epochs + len(args.dropouts) * args.max_epochs
+            runs += (len(args.seeds) - (1 in args.seeds)) * args.max_epochs
+            total += runs
+            print(f"{arm}: grid {len(grid)} runs x {args.grid_epochs} epochs; {len(args.dropouts)} finalists and "
+                  f"{len(args.seeds) - (1 in args.seeds)} more seeds to convergence (<= {args.max_epochs} epochs); "
+                  f"at most {runs} epochs | {cfg.model.encoder_layers}+{cfg.model.decoder_layers} layers "
+                  f"norm={cfg.model.norm} init={cfg.init.name} | device {cfg.train.device} {cfg.train.precision} "
+                  f"batching={cfg.data.batching} compile={cfg.train.compile} | {args.jobs} runs at once, "
+                  f"{cfg.train.threads} threads each")  # fmt: skip
+    print(f"at most {total} epochs in all; decodes: {len(TEST_SETS) * len(KINDS)} beam-5 per seed per arm")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    return train_or_replot(parse_args(argv), run_study, write_report)
+    args = parse_args(argv)
+    return dry_run(args) if args.dry_run else train_or_replot(args, run_study, write_report)
 
 
 if __name__ == "__main__":

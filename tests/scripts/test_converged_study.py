@@ -110,3 +110,21 @@ def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path
     assert cs.main(argv) == 0  # resumed: nothing left to train or decode
     changed = [p for p, t in touched.items() if p.stat().st_mtime_ns != t]
     assert changed == [], changed
+
+
+def test_the_gpu_preset_dry_run_composes_every_arm_on_cuda_and_trains_nothing(cs: ModuleType, tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "study"
+    assert cs.main(["--out", str(out), "--preset", "gpu", "--dry-run", "--arms", "tfixup", "postln"]) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert plan[0].startswith("tfixup: grid 4 runs x 3 epochs; 2 finalists and 2 more seeds")
+    assert plan[1].startswith("postln: grid 16 runs x 3 epochs;") and "norm=post init=xavier" in plan[1]
+    assert all("device cuda bf16 batching=packed compile=True | 4 runs at once" in line for line in plan[:2])
+    assert not out.exists()  # nothing trained, nothing written
+
+
+def test_a_dry_run_names_the_arm_and_override_that_do_not_compose(cs: ModuleType, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    assert cs.main(["model.norm=bogus", "--out", str(tmp_path), "--dry-run", "--arms", "tfixup"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("arm tfixup: ValueError: model.norm='bogus'") and len(err.splitlines()) == 1
