@@ -110,6 +110,12 @@ def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path
     assert cs.main(argv) == 0  # resumed: nothing left to train or decode
     changed = [p for p, t in touched.items() if p.stat().st_mtime_ns != t]
     assert changed == [], changed
+    # interrupted during its decodes (one score missing): a re-run decodes that one and trains nothing
+    lost = cs.score_path(run, "avg", "test_2017_flickr")
+    lost.unlink()
+    assert cs.main(argv) == 0 and lost.is_file()
+    changed = [p for p, t in touched.items() if p != lost and p.stat().st_mtime_ns != t]
+    assert changed == [], changed
 
 
 def test_the_gpu_preset_dry_run_composes_every_arm_on_cuda_and_trains_nothing(cs: ModuleType, tmp_path: Path,
