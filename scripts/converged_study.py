@@ -4,11 +4,11 @@ Each arm goes through the stages in turn (arms finish one at a time, so an inter
 
 1. **Grid** (``--grid-epochs`` epochs, seed 1): peak lr (``--lrs``) x dropout (``--dropouts``) x warmup updates
    (``--warmups``; an arm whose method trains without warmup keeps 0 only), greedy valid BLEU each epoch.
-2. **Finalists** (seed 1): per dropout, the grid's best lr and warmup, trained on to convergence: until valid BLEU
-   has not improved for ``--patience`` epochs (``train.patience``) or ``--max-epochs``; numbered checkpoints each
-   epoch. The finalist with the best valid BLEU is the arm's setting. Why not take the grid's best outright: a
-   short budget shows which lr and warmup train fastest, but it rewards the weaker dropout, which starts faster
-   and ends worse (T-Fixup at dropout 0.1 led the grid and plateaued at epoch 6; docs/methods.md).
+2. **Finalists** (seed 1): per peak lr and dropout, the grid's best warmup, trained on to convergence: until valid
+   BLEU has not improved for ``--patience`` epochs (``train.patience``) or ``--max-epochs``; numbered checkpoints
+   each epoch. The finalist with the best valid BLEU is the arm's setting. Why not take the grid's best outright:
+   a short budget rewards what starts fastest, the higher lr and the weaker dropout, and both ended worse on
+   Multi30k (T-Fixup: lr 1e-3 / dropout 0.1 led its grid and peaked at epoch 9; docs/methods.md).
 3. **Seeds** (the other ``--seeds``): the arm's setting to convergence.
 4. **Test** (beam 5, the arm's setting, every seed): the best-valid checkpoint, and the average of the best window
    of numbered checkpoints chosen on valid (``tfx.average --best-window``), on test2016, test_2017_flickr and
@@ -97,22 +97,23 @@ def best_valid(run: Path) -> tuple[float, int]:
     return valid[best]["valid/bleu"], best + 1
 
 
-def finalist_name(arm: str, dropout: float) -> str:
-    return f"{arm}_d{dropout:g}"
+def finalist_name(arm: str, lr: float, dropout: float) -> str:
+    return f"{arm}_lr{lr:g}_d{dropout:g}"
 
 
 def grid_finalists(out: Path, arm: str, args: argparse.Namespace) -> dict[str, Setting]:
-    """Per dropout, the grid setting with the best valid BLEU (the first of equals, in grid order), by
-    ``finalist_name``: the short budget chooses lr and warmup, convergence chooses dropout."""
+    """Per peak lr and dropout, the grid setting with the best valid BLEU (the first of equals, in grid order), by
+    ``finalist_name``: the short budget chooses the warmup, convergence chooses lr and dropout."""
     finalists = {}
-    for dropout in args.dropouts:
-        scored = [(best_valid(out / "runs" / "grid" / arm / setting_name(*s))[0], s)
-                  for s in grid_settings(arm, args) if s[1] == dropout]  # fmt: skip
-        scored = [(bleu, s) for bleu, s in scored if not math.isnan(bleu)]
-        if not scored:
-            grid = out / "runs" / "grid" / arm
-            raise SystemExit(f"no finished grid run for arm {arm}, dropout {dropout:g} in {grid}")
-        finalists[finalist_name(arm, dropout)] = max(scored, key=lambda pair: pair[0])[1]
+    for lr in args.lrs:
+        for dropout in args.dropouts:
+            scored = [(best_valid(out / "runs" / "grid" / arm / setting_name(*s))[0], s)
+                      for s in grid_settings(arm, args) if s[:2] == (lr, dropout)]  # fmt: skip
+            scored = [(bleu, s) for bleu, s in scored if not math.isnan(bleu)]
+            if not scored:
+                grid = out / "runs" / "grid" / arm
+                raise SystemExit(f"no finished grid run for arm {arm}, lr {lr:g}, dropout {dropout:g} in {grid}")
+            finalists[finalist_name(arm, lr, dropout)] = max(scored, key=lambda pair: pair[0])[1]
     return finalists
 
 
@@ -280,7 +281,7 @@ def write_report(out: Path) -> str:
         "|---|---|---|---|" + "---|" * (len(TEST_SETS) * len(KINDS)),
     ]  # fmt: skip
     for arm, setting in study["settings"].items():
-        runs = list(final_runs(out, finalist_name(arm, setting[1]), args.seeds).values())
+        runs = list(final_runs(out, finalist_name(arm, *setting[:2]), args.seeds).values())
         bests = [best_valid(r) for r in runs]
         cells = [setting_name(*setting), mean_std([float(e) for _, e in bests if e]), mean_std([b for b, _ in bests])]
         for test in TEST_SETS:
@@ -315,7 +316,7 @@ def plot(out: Path, study: dict[str, Any], args: argparse.Namespace) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for arm, setting in study["settings"].items():
-        runs = final_runs(out, finalist_name(arm, setting[1]), args.seeds).values()
+        runs = final_runs(out, finalist_name(arm, *setting[:2]), args.seeds).values()
         curves = [c for c in map(valid_curve, runs) if c]
         if not curves:
             continue
@@ -419,17 +420,18 @@ def dry_run(args: argparse.Namespace) -> int:
             lr, dropout, warmup = grid[0]
             write_arm(Path(folder) / "tuned" / "plan.yaml", arm,
                       [f"optim.lr={lr}", f"model.dropout={dropout}", f"optim.warmup_updates={warmup}"])  # fmt: skip
-            overrides = [search, *shared_overrides(args, threads_each(args, len(args.dropouts))), "+tuned=plan",
+            finalists = len(args.lrs) * len(args.dropouts)
+            overrides = [search, *shared_overrides(args, threads_each(args, finalists)), "+tuned=plan",
                          f"train.max_epochs={args.max_epochs}", f"train.patience={args.patience}"]  # fmt: skip
             try:
                 cfg = compose_config(overrides)
             except (HydraException, OmegaConfBaseException, ValueError) as err:
                 print(f"arm {arm}: {type(err).__name__}: {str(err).splitlines()[0]}", file=sys.stderr)
                 return 2
-            runs = len(grid) * args.grid_epochs + len(args.dropouts) * args.max_epochs
+            runs = len(grid) * args.grid_epochs + finalists * (args.max_epochs - args.grid_epochs)
             runs += (len(args.seeds) - (1 in args.seeds)) * args.max_epochs
             total += runs
-            print(f"{arm}: grid {len(grid)} runs x {args.grid_epochs} epochs; {len(args.dropouts)} finalists and "
+            print(f"{arm}: grid {len(grid)} runs x {args.grid_epochs} epochs; {finalists} finalists and "
                   f"{len(args.seeds) - (1 in args.seeds)} more seeds to convergence (<= {args.max_epochs} epochs); "
                   f"at most {runs} epochs | {cfg.model.encoder_layers}+{cfg.model.decoder_layers} layers "
                   f"norm={cfg.model.norm} init={cfg.init.name} | device {cfg.train.device} {cfg.train.precision} "

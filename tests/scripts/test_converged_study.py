@@ -48,24 +48,31 @@ def _valid_run(folder: Path, bleus: list[float]) -> None:
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
-def test_the_grid_picks_lr_and_warmup_per_dropout_and_warmup_free_arms_keep_warmup_0(cs: ModuleType,
-                                                                                     tmp_path: Path) -> None:
+def test_the_grid_picks_a_warmup_per_lr_and_dropout_and_warmup_free_arms_keep_warmup_0(cs: ModuleType,
+                                                                                      tmp_path: Path) -> None:
     args = cs.parse_args(["--out", str(tmp_path), "--lrs", "0.0005", "0.001", "--dropouts", "0.1", "0.3",
                           "--warmups", "0", "400"])  # fmt: skip
     assert cs.grid_settings("tfixup", args) == [(0.0005, 0.1, 0), (0.0005, 0.3, 0), (0.001, 0.1, 0), (0.001, 0.3, 0)]
     assert len(cs.grid_settings("postln", args)) == 8
     scores = {(0.0005, 0.3, 0): [10, 20], (0.0005, 0.3, 400): [12, 24.5], (0.001, 0.3, 0): [5], (0.001, 0.3, 400): [],
-              (0.0005, 0.1, 0): [20, 30], (0.001, 0.1, 400): [22, 29]}  # fmt: skip
+              (0.0005, 0.1, 0): [20, 30], (0.0005, 0.1, 400): [20, 29], (0.001, 0.1, 0): [22, 31],
+              (0.001, 0.1, 400): [22, 31]}  # fmt: skip
     for setting, bleus in scores.items():
         if bleus:
             _valid_run(tmp_path / "runs" / "grid" / "postln" / cs.setting_name(*setting), bleus)
     finalists = cs.grid_finalists(tmp_path, "postln", args)
-    assert finalists == {"postln_d0.1": (0.0005, 0.1, 0), "postln_d0.3": (0.0005, 0.3, 400)}
+    assert finalists == {"postln_lr0.0005_d0.1": (0.0005, 0.1, 0), "postln_lr0.0005_d0.3": (0.0005, 0.3, 400),
+                         "postln_lr0.001_d0.1": (0.001, 0.1, 0),  # equals: the first in grid order
+                         "postln_lr0.001_d0.3": (0.001, 0.3, 0)}  # fmt: skip
     assert cs.best_valid(tmp_path / "runs" / "grid" / "postln" / "lr0.0005_d0.3_w400") == (24.5, 2)
-    # converged, the dropout that led the grid (30 against 24.5) ends worse: the arm takes the other
-    _valid_run(cs.final_runs(tmp_path, "postln_d0.1", [1])[1], [20, 30, 31, 31.5, 31])
-    _valid_run(cs.final_runs(tmp_path, "postln_d0.3", [1])[1], [12, 24.5, 30, 33, 34, 33.8])
-    assert cs.chosen_finalist(tmp_path, finalists) == "postln_d0.3"
+    # converged, the settings that led the grid (31, 30 against 24.5) end worse: the arm takes the slow starter
+    for name, bleus in {"postln_lr0.0005_d0.1": [20, 30, 31, 31.5, 31], "postln_lr0.001_d0.1": [22, 31, 32, 31],
+                        "postln_lr0.0005_d0.3": [12, 24.5, 30, 33, 34, 33.8], "postln_lr0.001_d0.3": [5]}.items():
+        _valid_run(cs.final_runs(tmp_path, name, [1])[1], bleus)
+    assert cs.chosen_finalist(tmp_path, finalists) == "postln_lr0.0005_d0.3"
+    (tmp_path / "runs" / "grid" / "postln" / "lr0.001_d0.3_w0" / "metrics.jsonl").unlink()
+    with pytest.raises(SystemExit, match="no finished grid run for arm postln, lr 0.001, dropout 0.3"):
+        cs.grid_finalists(tmp_path, "postln", args)
 
 
 def _updates(run: Path) -> list[dict]:
@@ -85,7 +92,7 @@ def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path
     assert cs.main(argv) == 0
     grid = sorted(p.name for p in (out / "runs" / "grid" / "postln").iterdir())
     assert grid == ["lr0.001_d0.1_w0", "lr0.001_d0.1_w10"]
-    run = out / "runs" / "final" / "postln_d0.1" / "seed1"
+    run = out / "runs" / "final" / "postln_lr0.001_d0.1" / "seed1"
     for kind in cs.KINDS:
         for test in cs.TEST_SETS:
             sacre, tok = cs.test_scores(run, kind, test)
@@ -125,7 +132,7 @@ def test_the_gpu_preset_dry_run_composes_every_arm_on_cuda_and_trains_nothing(cs
     out = tmp_path / "study"
     assert cs.main(["--out", str(out), "--preset", "gpu", "--dry-run", "--arms", "tfixup", "postln"]) == 0
     plan = capsys.readouterr().out.splitlines()
-    assert plan[0].startswith("tfixup: grid 4 runs x 3 epochs; 2 finalists and 2 more seeds")
+    assert plan[0].startswith("tfixup: grid 4 runs x 3 epochs; 4 finalists and 2 more seeds")
     assert plan[1].startswith("postln: grid 16 runs x 3 epochs;") and "norm=post init=xavier" in plan[1]
     assert all("device cuda bf16 batching=packed compile=True | 4 runs at once" in line for line in plan[:2])
     assert not out.exists()  # nothing trained, nothing written
