@@ -118,8 +118,14 @@ def grid_finalists(out: Path, arm: str, args: argparse.Namespace) -> dict[str, S
 
 
 def chosen_finalist(out: Path, finalists: dict[str, Setting]) -> str:
-    """The finalist whose converged seed-1 run has the best valid BLEU (the first of equals)."""
-    return max(finalists, key=lambda name: best_valid(final_runs(out, name, [1])[1])[0])
+    """The finalist whose converged seed-1 run has the best valid BLEU (the first of equals; one that never
+    validated, e.g. diverged, ranks last)."""
+
+    def bleu(name: str) -> float:
+        score = best_valid(final_runs(out, name, [1])[1])[0]
+        return -math.inf if math.isnan(score) else score
+
+    return max(finalists, key=bleu)
 
 
 def run_tuned(args: argparse.Namespace, arm: str, settings: dict[str, Setting], seeds: list[int]) -> int:

@@ -70,6 +70,8 @@ def test_the_grid_picks_a_warmup_per_lr_and_dropout_and_warmup_free_arms_keep_wa
                         "postln_lr0.0005_d0.3": [12, 24.5, 30, 33, 34, 33.8], "postln_lr0.001_d0.3": [5]}.items():
         _valid_run(cs.final_runs(tmp_path, name, [1])[1], bleus)
     assert cs.chosen_finalist(tmp_path, finalists) == "postln_lr0.0005_d0.3"
+    unvalidated = {"postln_lr0.01_d0.1": (0.01, 0.1, 0), **finalists}  # first, and no valid record (diverged)
+    assert cs.chosen_finalist(tmp_path, unvalidated) == "postln_lr0.0005_d0.3"
     (tmp_path / "runs" / "grid" / "postln" / "lr0.001_d0.3_w0" / "metrics.jsonl").unlink()
     with pytest.raises(SystemExit, match="no finished grid run for arm postln, lr 0.001, dropout 0.3"):
         cs.grid_finalists(tmp_path, "postln", args)
