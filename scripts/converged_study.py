@@ -90,11 +90,15 @@ def run_grid(args: argparse.Namespace, arm: str) -> int:
 
 def best_valid(run: Path) -> tuple[float, int]:
     """(best greedy valid BLEU, the epoch it came at) of a run; (nan, 0) without validations."""
-    valid = [r for r in read_metrics(run / FILENAME) if r["event"] == "valid"] if (run / FILENAME).exists() else []
-    if not valid:
+    return best_of(valid_curve(run))
+
+
+def best_of(curve: list[float]) -> tuple[float, int]:
+    """(the best of a valid-BLEU curve, its epoch; the first of equals); (nan, 0) for no validations."""
+    if not curve:
         return math.nan, 0
-    best = max(range(len(valid)), key=lambda i: valid[i]["valid/bleu"])
-    return valid[best]["valid/bleu"], best + 1
+    best = max(range(len(curve)), key=curve.__getitem__)
+    return curve[best], best + 1
 
 
 def finalist_name(arm: str, lr: float, dropout: float) -> str:
@@ -138,19 +142,26 @@ def run_tuned(args: argparse.Namespace, arm: str, settings: dict[str, Setting], 
     """
     for name, setting in settings.items():
         continue_grid_run(args.out / "runs" / "grid" / arm / setting_name(*setting), final_runs(args.out, name, [1])[1])
-        lr, dropout, warmup = setting
-        write_arm(args.out / "arms" / "tuned" / f"{name}.yaml", arm,
-                  [f"optim.lr={lr}", f"model.dropout={dropout}", f"optim.warmup_updates={warmup}"])  # fmt: skip
+        write_arm(args.out / "arms" / "tuned" / f"{name}.yaml", arm, setting_overrides(setting))
     todo = [(name, seed) for name in settings for seed, run in final_runs(args.out, name, seeds).items()
             if not finished(run)]  # fmt: skip
     if not todo:
         return 0
     names, todo_seeds = sorted({n for n, _ in todo}), sorted({s for _, s in todo})
-    sweep = [*shared_overrides(args, threads_each(args, len(names) * len(todo_seeds))),
-             f"train.max_epochs={args.max_epochs}", f"train.patience={args.patience}", "train.save_every_epochs=1",
-             f"train.keep_last={keep_last(args.patience)}", "train.seed=" + ",".join(map(str, todo_seeds)),
-             "+tuned=" + ",".join(names)]  # fmt: skip
+    sweep = [*converged_overrides(args, threads_each(args, len(names) * len(todo_seeds))),
+             "train.seed=" + ",".join(map(str, todo_seeds)), "+tuned=" + ",".join(names)]  # fmt: skip
     return multirun(args.out, [], args.jobs, "final/${hydra:runtime.choices.tuned}/seed${train.seed}", sweep)
+
+
+def setting_overrides(setting: Setting) -> list[str]:
+    lr, dropout, warmup = setting
+    return [f"optim.lr={lr}", f"model.dropout={dropout}", f"optim.warmup_updates={warmup}"]
+
+
+def converged_overrides(args: argparse.Namespace, threads: int) -> list[str]:
+    """What every run trained to convergence (finalists, seeds) shares: the study's, then patience and saves."""
+    return [*shared_overrides(args, threads), f"train.max_epochs={args.max_epochs}", f"train.patience={args.patience}",
+            "train.save_every_epochs=1", f"train.keep_last={keep_last(args.patience)}"]  # fmt: skip
 
 
 def threads_each(args: argparse.Namespace, runs: int) -> int:
@@ -265,6 +276,7 @@ def mean_std(values: list[float]) -> str:
 
 
 def valid_curve(run: Path) -> list[float]:
+    """Greedy valid BLEU per validation (per epoch in this study)."""
     records = read_metrics(run / FILENAME) if (run / FILENAME).exists() else []
     return [r["valid/bleu"] for r in records if r["event"] == "valid"]
 
@@ -276,8 +288,8 @@ def write_report(out: Path) -> str:
         f"# Converged comparison: Multi30k {args.direction}, {args.layers}+{args.layers} layers, seeds {args.seeds}",
         "",
         f"Every run: `{' '.join(study['overrides'])}`; grid: lr {args.lrs} x dropout {args.dropouts} x warmup "
-        f"{args.warmups} ({args.grid_epochs} epochs, seed 1; warmup-free methods: warmup 0); per dropout the grid's "
-        f"best lr and warmup trained on (patience {args.patience}, at most {args.max_epochs} epochs), the best on "
+        f"{args.warmups} ({args.grid_epochs} epochs, seed 1; warmup-free methods: warmup 0); per lr and dropout the "
+        f"grid's best warmup trained on (patience {args.patience}, at most {args.max_epochs} epochs), the best on "
         f"valid is the arm's setting. Test: beam 5; `best` = the best-valid checkpoint, `avg` = the best window of "
         f"{WINDOW} numbered checkpoints on valid. sacreBLEU (13a, cased) / tokBLEU (lowercased, tokenized). Wall "
         f"time {study['wall_seconds'] / 60:.1f} min.",
@@ -301,7 +313,8 @@ def write_report(out: Path) -> str:
     for arm, finalists in study.get("finalists", {}).items():
         for name, setting in finalists.items():
             run = final_runs(out, name, [1])[1]
-            curve, (bleu, epoch) = valid_curve(run), best_valid(run)
+            curve = valid_curve(run)
+            bleu, epoch = best_of(curve)
             grid = max(curve[: args.grid_epochs], default=math.nan)
             mark = "yes" if arm in study["settings"] and list(setting) == list(study["settings"][arm]) else ""
             cells = [arm, setting_name(*setting), f"{grid:.2f}", f"{bleu:.2f}", str(epoch), str(len(curve)), mark]
@@ -388,18 +401,21 @@ def run_study(args: argparse.Namespace) -> int:
     if (study := open_study(path, fresh, args.arms)) is None:
         return 2
 
+    def save() -> None:
+        path.write_text(json.dumps(study, indent=1))
+
     def work() -> tuple[int, int]:
         failed = 0
         for arm in args.arms:  # an arm's stages in turn: an interrupted study has whole arms to report
             if code := run_grid(args, arm):
                 return code, failed
             finalists = study.setdefault("finalists", {})[arm] = grid_finalists(args.out, arm, args)
-            path.write_text(json.dumps(study, indent=1))
+            save()
             if code := run_tuned(args, arm, finalists, [1]):
                 return code, failed
             name = chosen_finalist(args.out, finalists)
             study["settings"][arm] = finalists[name]
-            path.write_text(json.dumps(study, indent=1))
+            save()
             if code := run_tuned(args, arm, {name: finalists[name]}, [s for s in args.seeds if s != 1]):
                 return code, failed
             failed += run_decodes(args, list(final_runs(args.out, name, args.seeds).values()))
@@ -423,22 +439,18 @@ def dry_run(args: argparse.Namespace) -> int:
         search, total = f"hydra.searchpath=[file://{folder}]", 0
         for arm in args.arms:
             grid = grid_settings(arm, args)
-            lr, dropout, warmup = grid[0]
-            write_arm(Path(folder) / "tuned" / "plan.yaml", arm,
-                      [f"optim.lr={lr}", f"model.dropout={dropout}", f"optim.warmup_updates={warmup}"])  # fmt: skip
-            finalists = len(args.lrs) * len(args.dropouts)
-            overrides = [search, *shared_overrides(args, threads_each(args, finalists)), "+tuned=plan",
-                         f"train.max_epochs={args.max_epochs}", f"train.patience={args.patience}"]  # fmt: skip
+            write_arm(Path(folder) / "tuned" / "plan.yaml", arm, setting_overrides(grid[0]))
+            finalists, seeds = len(args.lrs) * len(args.dropouts), len(args.seeds) - (1 in args.seeds)
             try:
-                cfg = compose_config(overrides)
+                cfg = compose_config([search, *converged_overrides(args, threads_each(args, finalists)), "+tuned=plan"])
             except (HydraException, OmegaConfBaseException, ValueError) as err:
                 print(f"arm {arm}: {type(err).__name__}: {str(err).splitlines()[0]}", file=sys.stderr)
                 return 2
             runs = len(grid) * args.grid_epochs + finalists * (args.max_epochs - args.grid_epochs)
-            runs += (len(args.seeds) - (1 in args.seeds)) * args.max_epochs
+            runs += seeds * args.max_epochs
             total += runs
             print(f"{arm}: grid {len(grid)} runs x {args.grid_epochs} epochs; {finalists} finalists and "
-                  f"{len(args.seeds) - (1 in args.seeds)} more seeds to convergence (<= {args.max_epochs} epochs); "
+                  f"{seeds} more seeds to convergence (<= {args.max_epochs} epochs); "
                   f"at most {runs} epochs | {cfg.model.encoder_layers}+{cfg.model.decoder_layers} layers "
                   f"norm={cfg.model.norm} init={cfg.init.name} | device {cfg.train.device} {cfg.train.precision} "
                   f"batching={cfg.data.batching} compile={cfg.train.compile} | {args.jobs} runs at once, "
