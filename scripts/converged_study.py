@@ -1,6 +1,8 @@
 """Methods at the end of training on Multi30k: a tuning grid per arm, finalists to convergence, seeds, test BLEU.
 
-Each arm goes through the stages in turn (arms finish one at a time, so an interrupted study has whole arms):
+Each arm goes through the stages in turn. The arms share ``--jobs`` slots and a free slot goes to the earliest
+arm's waiting run (``tfx.studies.queue``): arms still finish in order, so an interrupted study has whole arms, and
+a later arm trains on the slots an earlier one leaves idle (its long finalist still training, say):
 
 1. **Grid** (``--grid-epochs`` epochs, seed 1): peak lr (``--lrs``) x dropout (``--dropouts``) x warmup updates
    (``--warmups``; an arm whose method trains without warmup keeps 0 only), greedy valid BLEU each epoch.
@@ -38,15 +40,16 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tfx.metrics_log import FILENAME, read_metrics
-from tfx.studies.arms import ARMS, write_arm
-from tfx.studies.harness import CHECKOUT, missing_files, multirun, open_study, run_recorded, train_or_replot
+from tfx.studies.arms import ARMS, write_arm, write_arms
+from tfx.studies.harness import CHECKOUT, missing_files, open_study, run_recorded, train_command, train_or_replot
+from tfx.studies.queue import STOPPED, RunQueue
 
 DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "admin", "xavier_noln"]
 WARMUP_FREE = {"tfixup", "xavier_noln", "postln_nowarmup"}  # methods whose recipe is no warmup at all
@@ -60,12 +63,12 @@ def setting_name(lr: float, dropout: float, warmup: int) -> str:  # a grid run's
     return f"lr{lr:g}_d{dropout:g}_w{warmup}"
 
 
-def shared_overrides(args: argparse.Namespace, threads: int | None = None) -> list[str]:
-    """What every run of the study shares (``threads``: instead of ``--threads``, for runs given spare cores)."""
+def shared_overrides(args: argparse.Namespace) -> list[str]:
+    """What every run of the study shares."""
     src, tgt = args.direction.split("-")
     layers = f"model.encoder_layers={args.layers}", f"model.decoder_layers={args.layers}"
     return ["+experiment=multi30k", f"data.local_dir={args.data_dir}", f"data.src_lang={src}",
-            f"data.tgt_lang={tgt}", *layers, f"train.threads={threads or args.threads}",
+            f"data.tgt_lang={tgt}", *layers, f"train.threads={args.threads}",
             f"train.precision={args.precision}",
             "train.max_minutes=0", "train.validate_every_minutes=0", "train.validate_every_updates=0",
             "train.progress=false", *args.overrides]  # fmt: skip
@@ -76,16 +79,26 @@ def grid_settings(arm: str, args: argparse.Namespace) -> list[Setting]:
     return [(lr, d, w) for lr in args.lrs for d in args.dropouts for w in warmups]
 
 
-def run_grid(args: argparse.Namespace, arm: str) -> int:
-    """Stage 1: the arm's grid in one multirun (left out when finished: a finished run would only validate again)."""
-    if all(finished(args.out / "runs" / "grid" / arm / setting_name(*s)) for s in grid_settings(arm, args)):
-        return 0
-    lrs, drops, warms = (sorted({s[i] for s in grid_settings(arm, args)}) for i in range(3))
-    sweep = [*shared_overrides(args), f"train.max_epochs={args.grid_epochs}", "train.seed=1",
-             "optim.lr=" + ",".join(map(str, lrs)), "model.dropout=" + ",".join(map(str, drops)),
-             "optim.warmup_updates=" + ",".join(map(str, warms)), f"+arm={arm}"]  # fmt: skip
-    subdir = f"grid/{arm}/lr${{optim.lr}}_d${{model.dropout}}_w${{optim.warmup_updates}}"
-    return multirun(args.out, [arm], args.jobs, subdir, sweep)
+def grid_run(out: Path, arm: str, setting: Setting) -> Path:
+    return out / "runs" / "grid" / arm / setting_name(*setting)
+
+
+def run_grid(args: argparse.Namespace, arm: str, queue: RunQueue, priority: int) -> int:
+    """Stage 1: the arm's grid runs that have not ended, all queued at once."""
+    shared = [*shared_overrides(args), f"train.max_epochs={args.grid_epochs}", "train.seed=1"]
+    runs = [(grid_run(args.out, arm, s), [*shared, *setting_overrides(s), f"+arm={arm}"])
+            for s in grid_settings(arm, args) if not ended(grid_run(args.out, arm, s))]  # fmt: skip
+    return train_all(args.out, queue, priority, runs)
+
+
+def train_all(out: Path, queue: RunQueue, priority: int, runs: list[tuple[Path, list[str]]]) -> int:
+    """Train each (run folder, overrides) on a slot of ``queue``; 0, or the first failure's exit code (a diverged
+    run is a finding, not a failure), or ``STOPPED`` when the study was stopped meanwhile."""
+
+    done = queue.run_all([train_command(out, run, overrides) for run, overrides in runs], priority)
+    codes = [0 if d.returncode and end_status(run) == "diverged" else d.returncode
+             for d, (run, _) in zip(done, runs, strict=True)]  # fmt: skip
+    return STOPPED if queue.stopped else next((code for code in codes if code), 0)
 
 
 def best_valid(run: Path) -> tuple[float, int]:
@@ -132,25 +145,18 @@ def chosen_finalist(out: Path, finalists: dict[str, Setting]) -> str:
     return max(finalists, key=bleu)
 
 
-def run_tuned(args: argparse.Namespace, arm: str, settings: dict[str, Setting], seeds: list[int]) -> int:
-    """Stages 2 and 3: the named settings of ``arm`` (its finalists, or its chosen one), each seed, to convergence.
-
-    Each name becomes ``tuned/<name>.yaml`` and one multirun sweeps names x seeds (a cartesian sweep over lr,
-    dropout and warmup cannot give each finalist its own): ``--jobs`` runs at once; fewer runs than ``--jobs``
-    get the idle cores as threads. Seed 1 continues its grid run (``continue_grid_run``). Finished runs are left
-    out (the study sweeps several names at one seed, or one name at several).
-    """
+def run_tuned(args: argparse.Namespace, arm: str, settings: dict[str, Setting], seeds: list[int], queue: RunQueue,
+              priority: int) -> int:  # fmt: skip
+    """Stages 2 and 3: the named settings of ``arm`` (its finalists, or its chosen one), each seed, to convergence,
+    all queued at once. Each name becomes ``tuned/<name>.yaml``; seed 1 continues its grid run
+    (``continue_grid_run``); runs that have ended are left out."""
     for name, setting in settings.items():
-        continue_grid_run(args.out / "runs" / "grid" / arm / setting_name(*setting), final_runs(args.out, name, [1])[1])
+        continue_grid_run(grid_run(args.out, arm, setting), final_runs(args.out, name, [1])[1])
         write_arm(args.out / "arms" / "tuned" / f"{name}.yaml", arm, setting_overrides(setting))
-    todo = [(name, seed) for name in settings for seed, run in final_runs(args.out, name, seeds).items()
-            if not finished(run)]  # fmt: skip
-    if not todo:
-        return 0
-    names, todo_seeds = sorted({n for n, _ in todo}), sorted({s for _, s in todo})
-    sweep = [*converged_overrides(args, threads_each(args, len(names) * len(todo_seeds))),
-             "train.seed=" + ",".join(map(str, todo_seeds)), "+tuned=" + ",".join(names)]  # fmt: skip
-    return multirun(args.out, [], args.jobs, "final/${hydra:runtime.choices.tuned}/seed${train.seed}", sweep)
+    runs = [(run, [*converged_overrides(args), f"train.seed={seed}", f"+tuned={name}"])
+            for name in settings for seed, run in final_runs(args.out, name, seeds).items()
+            if not ended(run)]  # fmt: skip
+    return train_all(args.out, queue, priority, runs)
 
 
 def setting_overrides(setting: Setting) -> list[str]:
@@ -158,16 +164,10 @@ def setting_overrides(setting: Setting) -> list[str]:
     return [f"optim.lr={lr}", f"model.dropout={dropout}", f"optim.warmup_updates={warmup}"]
 
 
-def converged_overrides(args: argparse.Namespace, threads: int) -> list[str]:
+def converged_overrides(args: argparse.Namespace) -> list[str]:
     """What every run trained to convergence (finalists, seeds) shares: the study's, then patience and saves."""
-    return [*shared_overrides(args, threads), f"train.max_epochs={args.max_epochs}", f"train.patience={args.patience}",
+    return [*shared_overrides(args), f"train.max_epochs={args.max_epochs}", f"train.patience={args.patience}",
             "train.save_every_epochs=1", f"train.keep_last={keep_last(args.patience)}"]  # fmt: skip
-
-
-def threads_each(args: argparse.Namespace, runs: int) -> int:
-    """Threads per run when ``runs`` run at once: ``--threads``, or more when fewer runs than ``--jobs`` leave
-    cores idle."""
-    return max(args.threads, args.threads * args.jobs // max(runs, 1))
 
 
 def keep_last(patience: int) -> int:
@@ -210,14 +210,19 @@ def score_path(run: Path, kind: str, test: str) -> Path:
     return run / "test" / f"{kind}_{test}.bleu.json"
 
 
+def average_command(run: Path) -> list[str] | None:
+    """The valid-chosen window average of a finished run, unless it is there."""
+    if (run / KINDS["avg"]).exists():
+        return None
+    window = min(WINDOW, len(list((run / "checkpoints").glob("checkpoint_*_*.pt"))))  # a short run has fewer
+    return [sys.executable, "-m", "tfx.average", "--run-dir", str(run), "--best-window", str(max(window, 1)),
+            "--quiet", "--output", str(run / KINDS["avg"])]  # fmt: skip
+
+
 def decode_commands(args: argparse.Namespace, run: Path) -> list[list[str]]:
-    """The average (once) and the beam-5 decodes of a finished run that are not scored yet."""
+    """The beam-5 decodes of a finished run that are not scored yet."""
     src, tgt = args.direction.split("-")
     py, cmds = sys.executable, []
-    if not (run / KINDS["avg"]).exists():
-        window = min(WINDOW, len(list((run / "checkpoints").glob("checkpoint_*_*.pt"))))  # a short run has fewer
-        cmds.append([py, "-m", "tfx.average", "--run-dir", str(run), "--best-window", str(max(window, 1)),
-                     "--quiet", "--output", str(run / KINDS["avg"])])  # fmt: skip
     for kind, name in KINDS.items():
         for test in TEST_SETS:
             if not score_path(run, kind, test).exists():
@@ -227,32 +232,41 @@ def decode_commands(args: argparse.Namespace, run: Path) -> list[list[str]]:
     return cmds
 
 
-def run_decodes(args: argparse.Namespace, runs: list[Path]) -> int:
-    """Stage 4: per finished run, average first, then its decodes, ``--jobs`` runs at a time (fewer runs get the
-    spare cores as threads); the number that failed."""
-    runs = [r for r in runs if finished(r) and decode_commands(args, r)]  # what is scored is not decoded again
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads_each(args, len(runs)))}
+def run_decodes(args: argparse.Namespace, runs: list[Path], queue: RunQueue, priority: int) -> int:
+    """Stage 4: per finished run, its average, then its decodes (what is scored is not decoded again), each on a
+    slot of ``queue``; the number that failed."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
 
-    def one_run(run: Path) -> int:
-        failed = 0
-        for cmd in decode_commands(args, run):
-            (run / "test").mkdir(parents=True, exist_ok=True)
-            done = subprocess.run(cmd, cwd=CHECKOUT, env=env, capture_output=True, text=True)
-            failed += done.returncode != 0
-            if done.returncode:
-                print(f"{' '.join(cmd[:4])}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}", file=sys.stderr)
-        return failed
+    def failures(cmds: list[list[str]]) -> int:
+        results = queue.run_all(cmds, priority, env, capture=True)
+        for done in results:
+            if done.returncode not in (0, STOPPED):
+                lines = done.stderr.strip().splitlines() or ["failed"]
+                print(f"{' '.join(done.args[:4])}: {lines[-1]}", file=sys.stderr)
+        return sum(done.returncode != 0 for done in results)
 
-    with ThreadPoolExecutor(args.jobs) as pool:
-        return sum(pool.map(one_run, runs))
+    runs = [run for run in runs if finished(run)]
+    failed = failures([cmd for run in runs if (cmd := average_command(run))])
+    for run in runs:
+        (run / "test").mkdir(parents=True, exist_ok=True)
+    return failed + failures([cmd for run in runs for cmd in decode_commands(args, run)])
+
+
+def end_status(run: Path) -> str | None:
+    """How a run's metrics end: ``completed``, ``early stop: ...``, ``diverged``, ``stopped by ...``; None before
+    its first end."""
+    ends = [r for r in read_metrics(run / FILENAME) if r["event"] == "end"] if (run / FILENAME).exists() else []
+    return ends[-1]["status"] if ends else None
 
 
 def finished(run: Path) -> bool:
-    """A run whose metrics end with a completed or early-stop record (not diverged, not interrupted)."""
-    if not (run / FILENAME).exists():
-        return False
-    ends = [r for r in read_metrics(run / FILENAME) if r["event"] == "end"]
-    return bool(ends) and not ends[-1]["status"].startswith(("stopped", "diverged"))
+    """A run that completed or stopped early: what is chosen among and decoded."""
+    return not (end_status(run) or "stopped").startswith(("stopped", "diverged"))
+
+
+def ended(run: Path) -> bool:
+    """A run that does not train again: finished, or diverged (resuming would diverge again)."""
+    return finished(run) or end_status(run) == "diverged"
 
 
 def test_scores(run: Path, kind: str, test: str) -> tuple[float, float]:
@@ -401,25 +415,45 @@ def run_study(args: argparse.Namespace) -> int:
     if (study := open_study(path, fresh, args.arms)) is None:
         return 2
 
-    def save() -> None:
-        path.write_text(json.dumps(study, indent=1))
+    lock, queue = threading.Lock(), RunQueue(args.jobs, CHECKOUT, len(args.arms))
+
+    def record(key: str, arm: str, value: Any) -> None:  # arms record from their own threads
+        with lock:
+            study.setdefault(key, {})[arm] = value
+            path.write_text(json.dumps(study, indent=1))
+
+    def stages(arm: str, priority: int) -> tuple[int, int]:
+        try:
+            return arm_stages(arm, priority)
+        finally:
+            queue.done(priority)
+
+    def arm_stages(arm: str, priority: int) -> tuple[int, int]:
+        """One arm's stages in turn; (exit code, failed decodes)."""
+        if code := run_grid(args, arm, queue, priority):
+            return code, 0
+        finalists = grid_finalists(args.out, arm, args)
+        record("finalists", arm, finalists)
+        if code := run_tuned(args, arm, finalists, [1], queue, priority):
+            return code, 0
+        name = chosen_finalist(args.out, finalists)
+        record("settings", arm, finalists[name])
+        if code := run_tuned(args, arm, {name: finalists[name]}, [s for s in args.seeds if s != 1], queue, priority):
+            return code, 0
+        return 0, run_decodes(args, list(final_runs(args.out, name, args.seeds).values()), queue, priority)
 
     def work() -> tuple[int, int]:
-        failed = 0
-        for arm in args.arms:  # an arm's stages in turn: an interrupted study has whole arms to report
-            if code := run_grid(args, arm):
-                return code, failed
-            finalists = study.setdefault("finalists", {})[arm] = grid_finalists(args.out, arm, args)
-            save()
-            if code := run_tuned(args, arm, finalists, [1]):
-                return code, failed
-            name = chosen_finalist(args.out, finalists)
-            study["settings"][arm] = finalists[name]
-            save()
-            if code := run_tuned(args, arm, {name: finalists[name]}, [s for s in args.seeds if s != 1]):
-                return code, failed
-            failed += run_decodes(args, list(final_runs(args.out, name, args.seeds).values()))
-        return 0, failed
+        """Every arm's stages at once, sharing ``--jobs`` slots; a free slot goes to the earliest arm, so arms
+        still finish in order and a later arm's runs use the slots an earlier one leaves idle."""
+        write_arms(args.out / "arms", args.arms)
+        with ThreadPoolExecutor(len(args.arms)) as pool:
+            arms = [pool.submit(stages, arm, priority) for priority, arm in enumerate(args.arms)]
+            try:
+                results = [arm.result() for arm in arms]
+            except BaseException:  # SIGTERM, Ctrl-C or an arm's error: the runs save and stop, the rest waits
+                queue.stop()
+                raise
+        return next((code for code, _ in results if code), 0), sum(failed for _, failed in results)
 
     return run_recorded(path, study, work)
 
@@ -442,7 +476,7 @@ def dry_run(args: argparse.Namespace) -> int:
             write_arm(Path(folder) / "tuned" / "plan.yaml", arm, setting_overrides(grid[0]))
             finalists, seeds = len(args.lrs) * len(args.dropouts), len(args.seeds) - (1 in args.seeds)
             try:
-                cfg = compose_config([search, *converged_overrides(args, threads_each(args, finalists)), "+tuned=plan"])
+                cfg = compose_config([search, *converged_overrides(args), "+tuned=plan"])
             except (HydraException, OmegaConfBaseException, ValueError) as err:
                 print(f"arm {arm}: {type(err).__name__}: {str(err).splitlines()[0]}", file=sys.stderr)
                 return 2

@@ -1,6 +1,7 @@
-"""One study's life cycle: its record (``study.json``), one ``tfx.train`` multirun, train-or-replot.
+"""One study's life cycle: its record (``study.json``), its ``tfx.train`` runs, train-or-replot.
 
-A study is one Hydra multirun of ``tfx.train`` (joblib launcher) whose runs land in ``<out>/runs/``;
+A study is one Hydra multirun of ``tfx.train`` (joblib launcher), or single runs (``train_command``) on the
+slots of a ``tfx.studies.queue.RunQueue`` when its stages depend on each other, with its runs in ``<out>/runs/``;
 ``study.json`` records the shared overrides and wall time, so a later invocation with the same
 settings adds arms to it and ``--replot`` redraws table and figure from the run folders alone.
 """
@@ -34,6 +35,13 @@ def multirun(out: Path, arms: list[str], jobs: int, subdir: str, overrides: list
         f"hydra.sweep.subdir={subdir}", *overrides,
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=CHECKOUT).returncode
+
+
+def train_command(out: Path, run: Path, overrides: list[str]) -> list[str]:
+    """One ``tfx.train`` run in the folder ``run``, with the configs that ``write_arms`` wrote to ``out/arms`` (the
+    arms, a study's tuned settings) on Hydra's search path."""
+    return [sys.executable, "-m", "tfx.train", f"hydra.run.dir={run}", f"hydra.searchpath=[file://{out / 'arms'}]",
+            *overrides]  # fmt: skip
 
 
 def open_study(path: Path, fresh: dict[str, Any], arms: list[str]) -> dict[str, Any] | None:
