@@ -35,6 +35,7 @@ Usage (CPU; an epoch of the 3+3 model takes about 8 minutes on one AVX2 thread i
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -57,6 +58,7 @@ TEST_SETS = {"test": "test2016", "test_2017_flickr": "test2017 flickr", "test_20
 KINDS = {"best": "checkpoints/checkpoint_best.pt", "avg": "average.pt"}  # what is decoded, per run folder
 Setting = tuple[float, float, int]  # (peak lr, dropout, warmup updates)
 WINDOW = 5  # numbered checkpoints averaged, at most (the window is chosen on valid)
+DASHES = ["--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]  # the not-chosen finalists in the figure
 
 
 def setting_name(lr: float, dropout: float, warmup: int) -> str:  # a grid run's folder
@@ -341,7 +343,7 @@ def write_report(out: Path) -> str:
 
 def plot(out: Path, study: dict[str, Any], args: argparse.Namespace) -> None:
     """Valid BLEU per epoch: each arm's setting, the mean over seeds with their range as a band; the arm's other
-    finalists (seed 1) dashed, in the same colour."""
+    finalists (seed 1) dashed, in the same colour, each with its own dashes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -359,9 +361,10 @@ def plot(out: Path, study: dict[str, Any], args: argparse.Namespace) -> None:
         (line,) = ax.plot(epochs, [statistics.fmean(v) for v in at], marker="o", markersize=3,
                           label=f"{arm} ({setting_name(*setting)})")  # fmt: skip
         ax.fill_between(epochs, [min(v) for v in at], [max(v) for v in at], alpha=0.2, color=line.get_color())
-        for name, other in study.get("finalists", {}).get(arm, {}).items():
-            if list(other) != list(setting) and (curve := valid_curve(final_runs(out, name, [1])[1])):
-                ax.plot(range(1, len(curve) + 1), curve, linestyle="--", linewidth=1, color=line.get_color(),
+        others = [(n, o) for n, o in study.get("finalists", {}).get(arm, {}).items() if list(o) != list(setting)]
+        for (name, other), dashes in zip(others, itertools.cycle(DASHES)):  # a dash pattern per finalist
+            if curve := valid_curve(final_runs(out, name, [1])[1]):
+                ax.plot(range(1, len(curve) + 1), curve, linestyle=dashes, linewidth=1, color=line.get_color(),
                         label=f"{arm} ({setting_name(*other)}, not chosen)")  # fmt: skip
     ax.set(xlabel="epoch", ylabel="valid BLEU (greedy)", title="valid BLEU per epoch (mean; band: seeds' range)")
     ax.grid(alpha=0.3)
