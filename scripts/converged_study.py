@@ -267,8 +267,8 @@ def finished(run: Path) -> bool:
 
 
 def ended(run: Path) -> bool:
-    """A run that does not train again: finished, or diverged (resuming would diverge again)."""
-    return finished(run) or end_status(run) == "diverged"
+    """A run that does not train again: finished, or diverged (resuming would diverge again); one read."""
+    return not (end_status(run) or "stopped").startswith("stopped")
 
 
 def test_scores(run: Path, kind: str, test: str) -> tuple[float, float]:
