@@ -77,6 +77,38 @@ def test_the_grid_picks_a_warmup_per_lr_and_dropout_and_warmup_free_arms_keep_wa
         cs.grid_finalists(tmp_path, "postln", args)
 
 
+class _RecordingQueue:
+    """Stands in for ``RunQueue``: records the commands a stage queues, and each "trains" with exit code 0."""
+
+    stopped = False
+
+    def __init__(self) -> None:
+        self.cmds: list[list[str]] = []
+
+    def run_all(self, cmds: list[list[str]], priority: int) -> list[subprocess.CompletedProcess]:
+        self.cmds += cmds
+        return [subprocess.CompletedProcess(cmd, 0) for cmd in cmds]
+
+
+def test_a_re_run_trains_again_only_the_runs_that_were_stopped_or_never_started(cs: ModuleType,
+                                                                                 tmp_path: Path) -> None:
+    args = cs.parse_args(["--out", str(tmp_path), "--lrs", "0.0005", "--dropouts", "0.1",
+                          "--warmups", "0", "100", "400", "1000"])  # fmt: skip
+    ends = {0: "early stop: no valid/bleu gain in 3 validations", 100: "diverged", 400: "stopped by SIGTERM"}
+    for warmup, status in ends.items():  # warmup 1000 has no folder: never started
+        run = cs.grid_run(tmp_path, "postln", (0.0005, 0.1, warmup))
+        _valid_run(run, [5.0])
+        with (run / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"event": "end", "step": 10, "status": status}) + "\n")
+    runs = {w: cs.grid_run(tmp_path, "postln", (0.0005, 0.1, w)) for w in (0, 100, 400, 1000)}
+    assert [cs.finished(runs[w]) for w in runs] == [True, False, False, False]  # only a finished run is decoded
+    assert [cs.ended(runs[w]) for w in runs] == [True, True, False, False]  # a diverged run would diverge again
+    queue = _RecordingQueue()
+    assert cs.run_grid(args, "postln", queue, 0) == 0
+    queued = [next(a for a in cmd if a.startswith("hydra.run.dir=")) for cmd in queue.cmds]
+    assert queued == [f"hydra.run.dir={runs[400]}", f"hydra.run.dir={runs[1000]}"]
+
+
 def _updates(run: Path) -> list[dict]:
     return [r for r in read_metrics(run / "metrics.jsonl") if r["event"] == "update"]
 
