@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import torch.multiprocessing as mp
 
 import tfx.step as step_mod
 from tests.test_train import free_port, join_two_ranks, tiny_cfg
-from tfx import average, sharding, translate
+from tfx import average, translate
 from tfx.checkpoint import load_checkpoint
 from tfx.config import Config
 from tfx.data import prepare_data
@@ -235,6 +237,14 @@ def test_an_optimizer_without_state_is_saved_and_loaded_without_stepping_it(tmp_
 
 
 def test_fsdp_on_a_torch_without_fsdp2_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sharding, "FSDPModule", None)
+    monkeypatch.setitem(sys.modules, "torch.distributed.fsdp", None)  # its import fails, as before torch 2.6
     with pytest.raises(ShardingError, match=r"train.strategy=fsdp needs torch >= 2.6 \(FSDP2\); this is torch"):
         train(tiny_cfg(tmp_path, strategy="fsdp"), tmp_path / "run")
+
+
+def test_starting_tfx_train_imports_no_fsdp_nor_distributed_checkpoint() -> None:
+    """They cost about a second per start (CPU, torch 2.13) and only a sharded run needs them."""
+    heavy = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.checkpoint")
+    code = f"import sys, tfx.train; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -28,6 +28,7 @@ one shard in a one-process group (no memory saved; useful to check a setup).
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -39,19 +40,10 @@ from tfx.model import Transformer
 
 log = logging.getLogger("tfx.train")
 
-try:  # FSDP2 and its state-dict helpers are public from torch 2.6
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - older torch: only train.strategy=fsdp is unavailable
-    FSDPModule = DTensor = None
+# FSDP2 and torch.distributed.checkpoint are imported when a model is sharded, not with this module: they add
+# about a second to every start of tfx.train, and most runs never shard. Nothing is an FSDPModule or a DTensor
+# before their modules are imported, so the type checks below look them up in sys.modules instead.
+_FSDP, _DTENSOR = "torch.distributed.fsdp", "torch.distributed.tensor"
 
 
 class ShardingError(ValueError):
@@ -59,11 +51,13 @@ class ShardingError(ValueError):
 
 
 def is_sharded(model: nn.Module) -> bool:
-    return FSDPModule is not None and isinstance(model, FSDPModule)
+    fsdp_module = getattr(sys.modules.get(_FSDP), "FSDPModule", None)  # None before torch 2.6 (FSDP1 only)
+    return fsdp_module is not None and isinstance(model, fsdp_module)
 
 
 def is_dtensor(t: torch.Tensor) -> bool:
-    return DTensor is not None and isinstance(t, DTensor)
+    tensor = sys.modules.get(_DTENSOR)
+    return tensor is not None and isinstance(t, tensor.DTensor)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -80,8 +74,12 @@ def all_reduce_norms(local_norms: torch.Tensor) -> torch.Tensor:
 
 def shard(model: Transformer, device: torch.device, bf16: bool) -> None:
     """``fully_shard`` every encoder/decoder layer, then the root, over all ranks (in place)."""
-    if FSDPModule is None:
-        raise ShardingError(f"train.strategy=fsdp needs torch >= 2.6 (FSDP2); this is torch {torch.__version__}")
+    try:  # FSDP2 is public from torch 2.6
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        needs = f"train.strategy=fsdp needs torch >= 2.6 (FSDP2); this is torch {torch.__version__}"
+        raise ShardingError(needs) from None
     if not dist.is_initialized():  # a single process: one shard, so the same code path runs
         log.warning("train.strategy=fsdp in one process: one shard, no memory saved (launch with torchrun)")
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -115,6 +113,8 @@ def unsharded(model: nn.Module, build: Callable[[], nn.Module], device: torch.de
     """
     if not is_sharded(model):
         return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     state = get_model_state_dict(model, options=StateDictOptions(**_FULL))
     if dist.get_rank() != 0:
         return None
@@ -131,6 +131,8 @@ def state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dic
     """
     if not is_sharded(model):
         return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
     options = StateDictOptions(**_FULL)
     if not optimizer.state:  # no update applied yet: nothing to gather (see _no_state_yet)
         main = dist.get_rank() == 0
@@ -151,6 +153,8 @@ def load_state_dicts(
         if optim_state is not None:
             optimizer.load_state_dict(optim_state)
         return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
     options = StateDictOptions(**_FULL, broadcast_from_rank0=True)
     main = dist.get_rank() == 0  # the others' dicts are not read: they receive rank 0's tensors
     # Two calls: set_state_dict would skip the model on ranks whose (unused) model dict is empty.
