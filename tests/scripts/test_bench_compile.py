@@ -9,6 +9,7 @@ from tests.conftest import load_script
 
 
 @pytest.mark.slow
+@pytest.mark.fixed_precision
 def test_rows_count_the_graphs_each_scope_compiles(capsys: pytest.CaptureFixture) -> None:
     bench = load_script("bench_compile")
     argv = ["--depths", "1", "3", "--scopes", "layers", "model", "--d-model", "16", "--steps", "1", "--backend",

@@ -102,6 +102,7 @@ def small_corpus(folder: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.fixed_precision
 def test_micro_study_trains_decodes_and_replots(bs: ModuleType, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     out, data = tmp_path / "study", small_corpus(tmp_path / "data")

@@ -114,6 +114,7 @@ def _updates(run: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.fixed_precision
 def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     out, data = tmp_path / "study", small_corpus(tmp_path / "data")

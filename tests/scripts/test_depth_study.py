@@ -80,6 +80,7 @@ def test_rows_and_divergence_labels_from_metrics_records(ds: ModuleType) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.fixed_precision
 def test_micro_study_trains_through_hydra_multirun_and_replots(ds: ModuleType, tmp_path: Path) -> None:
     out = tmp_path / "study"
     argv = ["--out", str(out), "--methods", "tfixup", "xavier_noln", "--depths", "1", "2", "--updates", "3",

@@ -16,6 +16,7 @@ STEPS = ("gpu_tests", "throughput_4k", "throughput_32k", "deep_bench", "deep_wid
 
 
 @pytest.mark.slow
+@pytest.mark.fixed_precision
 def test_cpu_dry_run_runs_every_step_and_writes_the_report(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", str(tmp_path / "out")], capture_output=True,
@@ -42,6 +43,7 @@ def test_cpu_dry_run_runs_every_step_and_writes_the_report(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.fixed_precision
 def test_a_step_over_its_time_box_is_reported_and_the_others_still_run(tmp_path: Path) -> None:
     boxes = ("T_TESTS", "T_BENCH", "T_BENCH_32K", "T_DEEP_BENCH", "T_MEMORY", "T_DEEP", "T_DECODE")
     env = {**os.environ, **dict.fromkeys(boxes, "1"), "DEEP_AT_WIDTH": "0"}  # deep at width: off, as on a GPU
