@@ -292,9 +292,11 @@ def mean_std(values: list[float]) -> str:
 
 
 def valid_curve(run: Path) -> list[float]:
-    """Greedy valid BLEU per validation (per epoch in this study)."""
+    """Greedy valid BLEU per validation (per epoch in this study); one per update, the first: before the fix
+    of 2026-12-02 a run resumed after its last validation validated that update again."""
     records = read_metrics(run / FILENAME) if (run / FILENAME).exists() else []
-    return [r["valid/bleu"] for r in records if r["event"] == "valid"]
+    by_step = {r["step"]: r["valid/bleu"] for r in reversed(records) if r["event"] == "valid"}
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def write_report(out: Path) -> str:

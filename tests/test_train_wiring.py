@@ -263,8 +263,8 @@ def test_patience_stops_after_that_many_validations_without_a_better_bleu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Scripted valid BLEU per epoch 10, 12, 11, 11.5, 12 (not better), 13: patience 3 stops after the fifth
-    epoch, with the best (12, epoch 2) in checkpoint_best.pt; the count survives a resume (which, as after any
-    finished run, only validates once more)."""
+    epoch, with the best (12, epoch 2) in checkpoint_best.pt; the count survives a resume, which validates no
+    more."""
     from tfx.validate import ValidResult
 
     scripted = iter([10.0, 12.0, 11.0, 11.5, 12.0, 13.0])
@@ -286,4 +286,35 @@ def test_patience_stops_after_that_many_validations_without_a_better_bleu(
     ends = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["event"] == "end"]
     assert ends[-1]["status"] == "early stop: no better valid BLEU in 3 validations (best 12.00)"
     again = train(cfg, tmp_path / "run")  # resumed: patience is spent, so it trains nothing more
-    assert (again["epoch"], again["step"]) == (6, summary["step"])
+    assert (again["epoch"], again["step"]) == (6, summary["step"]) and len(seen) == 5
+
+
+def test_a_signal_during_the_last_validation_then_a_resume_validates_once_and_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM arrives while the last epoch validates (as when a study is stopped): the checkpoint holds that
+    validation, so the resumed run, its budget spent, ends "completed" without validating that update again.
+    Validating again wrote a second valid record at the same update and counted it as one more stale
+    validation: a study's run of 30 epochs with patience 3 (best at 28) ended as an early stop, its curve 31
+    points long (2026-12-02). CPU, fp32, scripted BLEU."""
+    import os
+    import signal
+
+    from tfx.validate import ValidResult
+
+    scripted = iter([12.0, 11.0, 10.0, 9.0])
+
+    def scripted_validation(*args, **kwargs) -> ValidResult:
+        bleu = next(scripted)
+        if bleu == 10.0:  # the third (last) epoch's validation
+            os.kill(os.getpid(), signal.SIGTERM)
+        return ValidResult({"valid/loss": 1.0, "valid/bleu": bleu}, bleu, "scripted", [])
+
+    monkeypatch.setattr(train_mod, "validate_on_main", scripted_validation)
+    cfg = wiring_cfg(tmp_path, max_updates=0, max_epochs=3, patience=3)
+    assert train(cfg, tmp_path / "run")["stopped_by"] == "SIGTERM"
+    again = train(cfg, tmp_path / "run")
+    assert again["stopped_by"] is None and again["epoch"] == 4
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["valid/bleu"] for r in records if r["event"] == "valid"] == [12.0, 11.0, 10.0]
+    assert [r["status"] for r in records if r["event"] == "end"][-1] == "completed"

@@ -111,7 +111,6 @@ class Trainer:
             self.dist.is_main and cfg.train.progress, cfg.train.max_updates or None, self.state.step,
             cfg.train.log_every_updates,
         )  # fmt: skip
-        self._validated_at = -1  # update of the latest validation (never validate twice at one update)
         self._pending: list[Pending] = []  # updates queued on the device, not read yet (tfx.step)
         self._prefetch: Prefetcher[list[Batch]] = Prefetcher(enabled=self.device.type == "cuda")
         self._saved_state: TrainState | None = None  # what checkpoint_last.pt holds (never write it twice)
@@ -294,9 +293,9 @@ class Trainer:
 
     def _validate(self) -> bool:
         """Validate (rank 0; autocast for bf16 only) unless this update already was; True when BLEU improved."""
-        if self._validated_at == self.state.step:
+        if self.state.validated_step == self.state.step:
             return False
-        self._validated_at = self.state.step
+        self.state.validated_step = self.state.step
         cfg, bf16, main = self.cfg, self.precision.bf16, self.dist.is_main
         with compilation.eager():
             result = validate_on_main(self.model, self.corpus, cfg, self.device, bf16, main)

@@ -39,6 +39,9 @@ class TrainState:
     skipped_steps: int = 0  # all non-finite steps so far
     overflow_steps: int = 0  # fp16 updates skipped by the loss scaler (not divergence; not in bad_steps)
     stale_validations: int = 0  # validations in a row since valid BLEU last improved (train.patience)
+    # the update of the latest validation: a resumed run must not validate again at it (a duplicate record,
+    # and one more stale validation towards patience)
+    validated_step: int = -1
 
     def record(self, outcome: StepOutcome) -> None:
         """Count an applied update, an fp16 overflow (the scaler's business) or a non-finite step."""

@@ -109,6 +109,13 @@ def test_a_re_run_trains_again_only_the_runs_that_were_stopped_or_never_started(
     assert queued == [f"hydra.run.dir={runs[400]}", f"hydra.run.dir={runs[1000]}"]
 
 
+def test_the_valid_curve_has_one_point_per_update(cs: ModuleType, tmp_path: Path) -> None:
+    """A run resumed after its last validation (before the fix in tfx.train) holds that validation twice."""
+    records = [{"event": "valid", "step": s, "valid/bleu": b} for s, b in [(5, 1.0), (10, 3.0), (10, 3.0)]]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*records, {"event": "end"}]))
+    assert cs.valid_curve(tmp_path) == [1.0, 3.0] and cs.best_valid(tmp_path) == (3.0, 2)
+
+
 def _updates(run: Path) -> list[dict]:
     return [r for r in read_metrics(run / "metrics.jsonl") if r["event"] == "update"]
 
