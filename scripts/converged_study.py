@@ -43,6 +43,7 @@ import shutil
 import statistics
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,11 @@ def chosen_finalist(out: Path, finalists: dict[str, Setting]) -> str:
         return -math.inf if math.isnan(score) else score
 
     return max(finalists, key=bleu)
+
+
+def say(message: str) -> None:
+    """A timestamped progress line between the runs' own logs: where a study of days stands, at a glance."""
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] study: {message}", flush=True)
 
 
 def run_tuned(args: argparse.Namespace, arm: str, settings: dict[str, Setting], seeds: list[int], queue: RunQueue,
@@ -439,13 +445,22 @@ def run_study(args: argparse.Namespace) -> int:
             return code, 0
         finalists = grid_finalists(args.out, arm, args)
         record("finalists", arm, finalists)
+        say(f"{arm}: grid done; finalists (grid valid BLEU) " + ", ".join(
+            f"{setting_name(*s)} ({best_valid(grid_run(args.out, arm, s))[0]:.2f})" for s in finalists.values()))
         if code := run_tuned(args, arm, finalists, [1], queue, priority):
             return code, 0
         name = chosen_finalist(args.out, finalists)
         record("settings", arm, finalists[name])
+        bleu, epoch = best_valid(final_runs(args.out, name, [1])[1])
+        say(f"{arm}: its finalists converged; chose {name} (valid BLEU {bleu:.2f} at epoch {epoch})")
         if code := run_tuned(args, arm, {name: finalists[name]}, [s for s in args.seeds if s != 1], queue, priority):
             return code, 0
-        return 0, run_decodes(args, list(final_runs(args.out, name, args.seeds).values()), queue, priority)
+        runs = list(final_runs(args.out, name, args.seeds).values())
+        failed = run_decodes(args, runs, queue, priority)
+        test = next(iter(TEST_SETS))
+        say(f"{arm}: decoded; {TEST_SETS[test]} sacreBLEU of the best-valid checkpoint, by seed: "
+            + " / ".join(f"{test_scores(run, 'best', test)[0]:.2f}" for run in runs))
+        return 0, failed
 
     def work() -> tuple[int, int]:
         """Every arm's stages at once, sharing ``--jobs`` slots; a free slot goes to the earliest arm, so arms

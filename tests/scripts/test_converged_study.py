@@ -123,7 +123,8 @@ def _updates(run: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.fixed_precision
 def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
     out, data = tmp_path / "study", small_corpus(tmp_path / "data")
     monkeypatch.setattr(cs, "TEST_SETS", {"test": "test2016"})  # every test set decodes alike; CI's time
     tiny = ["model.d_model=16", "model.ffn_dim=32", "model.heads=2", "data.vocab_size=60", "data.max_tokens=256",
@@ -132,6 +133,10 @@ def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path
             "--lrs", "0.001", "--dropouts", "0.1", "--warmups", "0", "10", "--grid-epochs", "1",
             "--max-epochs", "2", "--patience", "1", "--seeds", "1"]  # fmt: skip
     assert cs.main(argv) == 0
+    progress = [line.split("] study: ")[1] for line in capsys.readouterr().out.splitlines() if "] study: " in line]
+    assert progress[0].startswith("postln: grid done; finalists (grid valid BLEU) lr0.001_d0.1_w")
+    assert progress[1].startswith("postln: its finalists converged; chose postln_lr0.001_d0.1 (valid BLEU ")
+    assert progress[2].startswith("postln: decoded; test2016 sacreBLEU of the best-valid checkpoint, by seed: ")
     grid = sorted(p.name for p in (out / "runs" / "grid" / "postln").iterdir())
     assert grid == ["lr0.001_d0.1_w0", "lr0.001_d0.1_w10"]
     run = out / "runs" / "final" / "postln_lr0.001_d0.1" / "seed1"
