@@ -349,37 +349,49 @@ def write_report(out: Path) -> str:
     return text
 
 
-def plot(out: Path, study: dict[str, Any], args: argparse.Namespace) -> None:
+def plot(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:
     """Valid BLEU per epoch: each arm's setting, the mean over seeds with their range as a band; the arm's other
-    finalists (seed 1) dashed, in the same colour, each with its own dashes."""
+    finalists (seed 1) dashed, in the same colour, each with its own dashes. An arm still choosing (a replot
+    during the study) shows its finalists so far, all dashed. Returns the legend's labels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for arm, setting in study["settings"].items():
-        runs = final_runs(out, finalist_name(arm, *setting[:2]), args.seeds).values()
-        curves = [c for c in map(valid_curve, runs) if c]
-        if not curves:
-            continue
-        n = max(map(len, curves))
-        at = [[c[i] for c in curves if i < len(c)] for i in range(n)]
-        epochs = range(1, n + 1)
-        (line,) = ax.plot(epochs, [statistics.fmean(v) for v in at], marker="o", markersize=3,
-                          label=f"{arm} ({setting_name(*setting)})")  # fmt: skip
-        ax.fill_between(epochs, [min(v) for v in at], [max(v) for v in at], alpha=0.2, color=line.get_color())
-        others = [(n, o) for n, o in study.get("finalists", {}).get(arm, {}).items() if list(o) != list(setting)]
+    finalists = study.get("finalists", {})
+    for arm in dict.fromkeys([*study["settings"], *finalists]):
+        color, setting = None, study["settings"].get(arm)
+        if setting is not None:
+            color = plot_setting(ax, out, arm, setting, args.seeds)
+        others = [(n, o) for n, o in finalists.get(arm, {}).items() if setting is None or list(o) != list(setting)]
+        state = "not chosen" if setting is not None else "converging"
         for (name, other), dashes in zip(others, itertools.cycle(DASHES)):  # a dash pattern per finalist
             if curve := valid_curve(final_runs(out, name, [1])[1]):
-                ax.plot(range(1, len(curve) + 1), curve, linestyle=dashes, linewidth=1, color=line.get_color(),
-                        label=f"{arm} ({setting_name(*other)}, not chosen)")  # fmt: skip
+                (line,) = ax.plot(range(1, len(curve) + 1), curve, linestyle=dashes, linewidth=1, color=color,
+                                  label=f"{arm} ({setting_name(*other)}, {state})")  # fmt: skip
+                color = line.get_color()  # the arm's colour, for its other finalists
     ax.set(xlabel="epoch", ylabel="valid BLEU (greedy)", title="valid BLEU per epoch (mean; band: seeds' range)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    labels = [text.get_text() for text in ax.legend(fontsize=7).get_texts()]
     fig.tight_layout()
     fig.savefig(out / "converged_study.png", dpi=110)
     plt.close(fig)
+    return labels
+
+
+def plot_setting(ax: Any, out: Path, arm: str, setting: Setting, seeds: list[int]) -> str | None:
+    """An arm's chosen setting: the mean over its seeds' curves, their range as a band; returns its colour."""
+    curves = [c for c in map(valid_curve, final_runs(out, finalist_name(arm, *setting[:2]), seeds).values()) if c]
+    if not curves:
+        return None
+    n = max(map(len, curves))
+    at = [[c[i] for c in curves if i < len(c)] for i in range(n)]
+    epochs = range(1, n + 1)
+    (line,) = ax.plot(epochs, [statistics.fmean(v) for v in at], marker="o", markersize=3,
+                      label=f"{arm} ({setting_name(*setting)})")  # fmt: skip
+    ax.fill_between(epochs, [min(v) for v in at], [max(v) for v in at], alpha=0.2, color=line.get_color())
+    return line.get_color()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

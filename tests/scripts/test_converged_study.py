@@ -116,6 +116,23 @@ def test_the_valid_curve_has_one_point_per_update(cs: ModuleType, tmp_path: Path
     assert cs.valid_curve(tmp_path) == [1.0, 3.0] and cs.best_valid(tmp_path) == (3.0, 2)
 
 
+def test_the_figure_shows_an_arm_still_choosing_by_its_finalists(cs: ModuleType, tmp_path: Path) -> None:
+    """A replot during the study: tfixup chose (its line and the other finalist), postln has not (both dashed)."""
+    finalists = {"tfixup": {"tfixup_lr0.001_d0.1": [1e-3, 0.1, 0], "tfixup_lr0.001_d0.3": [1e-3, 0.3, 0]},
+                 "postln": {"postln_lr0.001_d0.1": [1e-3, 0.1, 400], "postln_lr0.001_d0.3": [1e-3, 0.3, 100]}}
+    for names in finalists.values():
+        for name in names:
+            run = tmp_path / "runs" / "final" / name / "seed1"
+            run.mkdir(parents=True)
+            (run / "metrics.jsonl").write_text("".join(
+                json.dumps({"event": "valid", "step": s, "valid/bleu": 10.0 + s}) + "\n" for s in (1, 2)))
+    study = {"settings": {"tfixup": [1e-3, 0.3, 0]}, "finalists": finalists}
+    labels = cs.plot(tmp_path, study, cs.parse_args(["--seeds", "1"]))
+    assert labels == ["tfixup (lr0.001_d0.3_w0)", "tfixup (lr0.001_d0.1_w0, not chosen)",
+                      "postln (lr0.001_d0.1_w400, converging)", "postln (lr0.001_d0.3_w100, converging)"]
+    assert (tmp_path / "converged_study.png").is_file()
+
+
 def _updates(run: Path) -> list[dict]:
     return [r for r in read_metrics(run / "metrics.jsonl") if r["event"] == "update"]
 
