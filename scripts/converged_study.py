@@ -301,7 +301,10 @@ def valid_curve(run: Path) -> list[float]:
     """Greedy valid BLEU per validation (per epoch in this study); one per update, the first: before the fix
     of 2026-12-02 a run resumed after its last validation validated that update again."""
     records = read_metrics(run / FILENAME) if (run / FILENAME).exists() else []
-    by_step = {r["step"]: r["valid/bleu"] for r in reversed(records) if r["event"] == "valid"}
+    by_step: dict[int, float] = {}
+    for record in records:
+        if record["event"] == "valid":
+            by_step.setdefault(record["step"], record["valid/bleu"])
     return [by_step[step] for step in sorted(by_step)]
 
 
