@@ -286,15 +286,17 @@ def test_scores(run: Path, kind: str, test: str) -> tuple[float, float]:
     return scores[0]["score"], (scores[1]["score"] if len(scores) > 1 else math.nan)
 
 
-def mean_std(values: list[float]) -> str:
-    """``mean ± std (v1 / v2 / ...)`` over the finite values (sample std; one value: no ±)."""
+def mean_std(values: list[float], digits: int = 2) -> str:
+    """``mean ± std (v1 / v2 / ...)`` over the finite values (sample std; one value: no ±); each value to
+    ``digits`` places, mean and std to at least one (epochs are whole, their mean need not be)."""
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return "—"
-    each = " / ".join(f"{v:.2f}" for v in finite)
+    each = " / ".join(f"{v:.{digits}f}" for v in finite)
     if len(finite) == 1:
-        return f"{finite[0]:.2f}"
-    return f"{statistics.fmean(finite):.2f} ± {statistics.stdev(finite):.2f} ({each})"
+        return each
+    places = max(digits, 1)
+    return f"{statistics.fmean(finite):.{places}f} ± {statistics.stdev(finite):.{places}f} ({each})"
 
 
 def valid_curve(run: Path) -> list[float]:
@@ -328,7 +330,8 @@ def write_report(out: Path) -> str:
     for arm, setting in study["settings"].items():
         runs = list(final_runs(out, finalist_name(arm, *setting[:2]), args.seeds).values())
         bests = [best_valid(r) for r in runs]
-        cells = [setting_name(*setting), mean_std([float(e) for _, e in bests if e]), mean_std([b for b, _ in bests])]
+        epochs = mean_std([float(e) for _, e in bests if e], digits=0)
+        cells = [setting_name(*setting), epochs, mean_std([b for b, _ in bests])]
         for test in TEST_SETS:
             for kind in KINDS:
                 pairs = [test_scores(r, kind, test) for r in runs]

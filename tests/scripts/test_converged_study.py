@@ -30,6 +30,8 @@ def test_mean_std_from_known_seed_values(cs: ModuleType) -> None:
     assert cs.mean_std([30.0, 32.0, 34.0]) == "32.00 ± 2.00 (30.00 / 32.00 / 34.00)"
     assert cs.mean_std([31.5, float("nan")]) == "31.50"  # an unscored seed is left out, and said so by its absence
     assert cs.mean_std([]) == "—"
+    assert cs.mean_std([19.0], digits=0) == "19"  # epochs to best: whole epochs, their mean to a tenth
+    assert cs.mean_std([19.0, 22.0], digits=0) == "20.5 ± 2.1 (19 / 22)"
 
 
 def test_the_32k_arm_is_t_fixup_at_32k_target_tokens_per_update(cs: ModuleType, tmp_path: Path) -> None:
