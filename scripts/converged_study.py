@@ -18,7 +18,8 @@ a later arm trains on the slots an earlier one leaves idle (its long finalist st
    reports.
 
 Outputs in ``--out``: ``converged_study.md`` (mean +- std over seeds and each seed's value, epochs to the best
-valid score, the chosen setting, every finalist's valid BLEU, wall time), ``converged_study.png`` (valid BLEU per
+valid score, the chosen setting, each arm against the first by paired bootstrap on every test decode, every
+finalist's valid BLEU, wall time), ``converged_study.png`` (valid BLEU per
 epoch, the mean per arm with the seeds' range as a band, the other finalists dashed), ``study.json`` and
 ``runs/`` (one TensorBoard folder). Everything resumes: run the same command again after an interruption;
 finished runs do not train again and scored decodes are not redone. ``--replot`` rewrites table and figure from
@@ -48,6 +49,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tfx.bleu import paired_bootstrap
+from tfx.data.sources import read_lines
 from tfx.metrics_log import FILENAME, read_metrics
 from tfx.studies.arms import ARMS, write_arm, write_arms
 from tfx.studies.harness import CHECKOUT, missing_files, open_study, run_recorded, train_command, train_or_replot
@@ -337,6 +340,7 @@ def write_report(out: Path) -> str:
                 pairs = [test_scores(r, kind, test) for r in runs]
                 cells.append(f"{mean_std([p[0] for p in pairs])} / {mean_std([p[1] for p in pairs])}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += significance_lines(out, study, args)
     lines += ["", "Finalists (seed 1; greedy valid BLEU, best and at the end of the grid's budget):", "",
               "| arm | setting | grid valid | converged valid | epochs to best | epochs | chosen |",
               "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -353,6 +357,34 @@ def write_report(out: Path) -> str:
     (out / "converged_study.md").write_text(text)
     plot(out, study, args)
     return text
+
+
+def significance_lines(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """Each arm's first seed against the first arm's (T-Fixup in the default order) on every test decode:
+    sacreBLEU difference and the paired bootstrap's p-value. Test-set noise only: one run per arm each."""
+    settings = study["settings"]
+    if len(settings) < 2:
+        return []
+    baseline, *others = settings
+    seed, tgt = args.seeds[0], args.direction.split("-")[1]
+    runs = {arm: final_runs(out, finalist_name(arm, *settings[arm][:2]), [seed])[seed] for arm in settings}
+    cells: dict[str, list[str]] = {arm: [] for arm in others}
+    for test, kind in itertools.product(TEST_SETS, KINDS):
+        scored = [arm for arm in others if score_path(runs[arm], kind, test).exists()]
+        results = {}
+        if scored and score_path(runs[baseline], kind, test).exists():
+            hyps = {arm: read_lines(runs[arm] / "test" / f"{kind}_{test}.hyp") for arm in [baseline, *scored]}
+            refs = read_lines(Path(args.data_dir) / f"{test}.{tgt}")
+            results = paired_bootstrap(hyps.pop(baseline), hyps, refs)
+        for arm in others:
+            r = results.get(arm)
+            cells[arm].append(f"{r.score - r.baseline:+.2f} (p {r.p_value:.3f})" if r else "—")
+    return ["", f"Against {baseline} (seed {seed}; sacreBLEU difference and the paired bootstrap's p-value, 1000 "
+            f"resamples, sacrebleu's --paired-bs, so 0.001 is its smallest p: the test set's sampling noise, not the "
+            f"seeds'):", "",
+            "| arm | " + " | ".join(f"{label} {kind}" for label in TEST_SETS.values() for kind in KINDS) + " |",
+            "|---|" + "---|" * (len(TEST_SETS) * len(KINDS)),
+            *(f"| {arm} | " + " | ".join(row) + " |" for arm, row in cells.items())]  # fmt: skip
 
 
 def plot(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:

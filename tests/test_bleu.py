@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 from pathlib import Path
@@ -9,7 +10,15 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from tfx.bleu import DETOK, TOKENIZED, compound_split, corpus_bleu, moses_tokenize, tokenized_bleu
+from tfx.bleu import (
+    DETOK,
+    TOKENIZED,
+    compound_split,
+    corpus_bleu,
+    moses_tokenize,
+    paired_bootstrap,
+    tokenized_bleu,
+)
 
 HYPS = ["The cat sat on a mat.", "Hello, world!", "Don't stop me now."]
 REFS = ["The cat sat on the mat.", "Hello world!", "Don't stop me now."]
@@ -95,3 +104,25 @@ def test_pretokenized_text_scored_as_is() -> None:
     line = ["it &apos;s that pyramid ."]
     assert tokenized_bleu(line, line, "en", refs_tokenized=True, hyps_tokenized=True).score == pytest.approx(100.0)
     assert tokenized_bleu(line, line, "en", refs_tokenized=True).score < 50.0  # hyp escaped twice
+
+
+def test_paired_bootstrap_tells_a_better_system_from_an_equally_good_one() -> None:
+    """The baseline drops two words from every odd sentence; "equal" does the same to the even ones (the same
+    damage on other sentences), "exact" is the reference: only "exact" is significantly better (CPU, no model)."""
+    rng = random.Random(0)
+    words = ["a", "man", "in", "a", "blue", "shirt", "is", "on", "the", "ladder", "while", "two", "dogs", "run"]
+    refs = [" ".join(rng.choices(words, k=rng.randint(6, 14))) + "." for _ in range(300)]
+
+    def damaged(parity: int) -> list[str]:
+        return [" ".join(r.split()[:-3] + r.split()[-1:]) if i % 2 == parity else r for i, r in enumerate(refs)]
+
+    baseline = damaged(1)
+    results = paired_bootstrap(baseline, {"exact": refs, "equal": damaged(0)}, refs)
+    exact, equal = results["exact"], results["equal"]
+    assert exact.baseline == pytest.approx(corpus_bleu(baseline, refs).score)
+    assert exact.score == pytest.approx(100.0) and exact.p_value < 0.01
+    assert abs(equal.score - equal.baseline) < 0.5 and equal.p_value > 0.2 and 0 < equal.ci < 5
+    assert "bs:1000" in exact.signature and "tok:13a" in exact.signature
+    assert paired_bootstrap(baseline, {"equal": damaged(0)}, refs) == {"equal": equal}  # fixed seed: repeatable
+    with pytest.raises(ValueError, match="line-aligned"):
+        paired_bootstrap(baseline, {"short": refs[:-1]}, refs)

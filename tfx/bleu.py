@@ -24,10 +24,11 @@ from __future__ import annotations
 import argparse
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.significance import PairedTest
 
 DETOK = "sacreBLEU (detokenized, tok:13a)"
 TOKENIZED = "tokenized BLEU (Moses-tokenized + lowercased, tok:none; the IWSLT'14 fairseq convention)"
@@ -172,6 +173,34 @@ def score_all(
     return results
 
 
+@dataclass(frozen=True)
+class PairedResult:
+    """A system against the baseline on the same sentences (sacreBLEU, 13a): Koehn's paired bootstrap."""
+
+    baseline: float  # the baseline's BLEU
+    score: float  # the system's BLEU
+    ci: float  # half-width of the system's 95 % bootstrap confidence interval
+    p_value: float  # how often resampled differences are this large by chance (sacrebleu's ``--paired-bs``)
+    signature: str  # e.g. nrefs:1|bs:1000|seed:12345|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0
+
+
+def paired_bootstrap(
+    baseline: Sequence[str], systems: Mapping[str, Sequence[str]], refs: Sequence[str], n_samples: int = 1000
+) -> dict[str, PairedResult]:
+    """Each of ``systems`` against ``baseline``, all line-aligned with ``refs``: sacrebleu's paired bootstrap
+    resampling (Koehn 2004; the Moses script's test), fixed seed, so a report rewritten gives the same p-values.
+    It measures the test set's sampling noise only: one training run per system says nothing of seeds."""
+    for hyps in (baseline, *systems.values()):
+        _check(hyps, refs)
+    named = [("baseline", list(baseline)), *((name, list(hyps)) for name, hyps in systems.items())]
+    signatures, scores = PairedTest(named, {"BLEU": BLEU()}, [list(refs)], test_type="bs", n_samples=n_samples)()
+    base, *rest = scores["BLEU"]
+    return {
+        name: PairedResult(base.score, r.score, float(r.ci), float(r.p_value), str(signatures["BLEU"]))
+        for name, r in zip(systems, rest, strict=True)
+    }
+
+
 def _detail(score) -> str:
     """'66.0/41.2/28.1/19.9 (BP = 1.000 ratio = 1.012 hyp_len = ... ref_len = ...)'."""
     return score.format().split(" = ", 1)[1].split(" ", 1)[1]
@@ -181,10 +210,12 @@ __all__ = [
     "DETOK",
     "TOKENIZED",
     "BleuResult",
+    "PairedResult",
     "add_scoring_args",
     "compound_split",
     "score_all",
     "corpus_bleu",
     "moses_tokenize",
+    "paired_bootstrap",
     "tokenized_bleu",
 ]

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import load_script
 from tests.scripts.test_budget_study import small_corpus
+from tfx.bleu import corpus_bleu
 from tfx.config import compose_config
 from tfx.metrics_log import read_metrics
 from tfx.studies.arms import write_arms
@@ -133,6 +134,29 @@ def test_the_figure_shows_an_arm_still_choosing_by_its_finalists(cs: ModuleType,
     assert labels == ["tfixup (lr0.001_d0.3_w0)", "tfixup (lr0.001_d0.1_w0, not chosen)",
                       "postln (lr0.001_d0.1_w400, converging)", "postln (lr0.001_d0.3_w100, converging)"]
     assert (tmp_path / "converged_study.png").is_file()
+
+
+def test_the_report_tests_each_arm_against_the_first_by_paired_bootstrap(
+    cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """postln's best-valid decode is the reference itself, tfixup's drops words: +difference, the smallest p; the
+    window average not decoded yet: a dash (CPU, sacrebleu on the files, no model)."""
+    monkeypatch.setattr(cs, "TEST_SETS", {"test": "test2016"})
+    refs = [f"a dog number {i} runs across the green field." for i in range(200)]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "test.en").write_text("\n".join(refs) + "\n")
+    hyps = {"tfixup": [r.replace(" green", "") if i % 2 else r for i, r in enumerate(refs)], "postln": refs}
+    settings = {"tfixup": [5e-4, 0.3, 0], "postln": [1e-3, 0.1, 400]}
+    for arm, lines in hyps.items():
+        test = tmp_path / "runs" / "final" / cs.finalist_name(arm, *settings[arm][:2]) / "seed1" / "test"
+        test.mkdir(parents=True)
+        (test / "best_test.hyp").write_text("\n".join(lines) + "\n")
+        (test / "best_test.bleu.json").write_text("{}")
+    args = cs.parse_args(["--seeds", "1", "--data-dir", str(tmp_path / "data")])
+    lines = cs.significance_lines(tmp_path, {"settings": settings}, args)
+    gain = 100 - corpus_bleu(hyps["tfixup"], refs).score
+    assert lines[-1] == f"| postln | {gain:+.2f} (p 0.001) | — |" and gain > 1
+    assert cs.significance_lines(tmp_path, {"settings": {"tfixup": settings["tfixup"]}}, args) == []
 
 
 def _updates(run: Path) -> list[dict]:
