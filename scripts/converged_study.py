@@ -371,11 +371,10 @@ def significance_lines(out: Path, study: dict[str, Any], args: argparse.Namespac
     cells: dict[str, list[str]] = {arm: [] for arm in others}
     for test, kind in itertools.product(TEST_SETS, KINDS):
         scored = [arm for arm in others if score_path(runs[arm], kind, test).exists()]
-        results = {}
-        if scored and score_path(runs[baseline], kind, test).exists():
+        results, refs = {}, Path(args.data_dir) / f"{test}.{tgt}"  # a replot away from the corpus: dashes
+        if scored and score_path(runs[baseline], kind, test).exists() and refs.is_file():
             hyps = {arm: read_lines(runs[arm] / "test" / f"{kind}_{test}.hyp") for arm in [baseline, *scored]}
-            refs = read_lines(Path(args.data_dir) / f"{test}.{tgt}")
-            results = paired_bootstrap(hyps.pop(baseline), hyps, refs)
+            results = paired_bootstrap(hyps.pop(baseline), hyps, read_lines(refs))
         for arm in others:
             r = results.get(arm)
             cells[arm].append(f"{r.score - r.baseline:+.2f} (p {r.p_value:.3f})" if r else "—")

@@ -157,6 +157,8 @@ def test_the_report_tests_each_arm_against_the_first_by_paired_bootstrap(
     gain = 100 - corpus_bleu(hyps["tfixup"], refs).score
     assert lines[-1] == f"| postln | {gain:+.2f} (p 0.001) | — |" and gain > 1
     assert cs.significance_lines(tmp_path, {"settings": {"tfixup": settings["tfixup"]}}, args) == []
+    elsewhere = cs.parse_args(["--seeds", "1", "--data-dir", str(tmp_path / "moved")])  # replotted without data
+    assert cs.significance_lines(tmp_path, {"settings": settings}, elsewhere)[-1] == "| postln | — | — |"
 
 
 def _updates(run: Path) -> list[dict]:
