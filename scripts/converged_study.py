@@ -221,6 +221,10 @@ def score_path(run: Path, kind: str, test: str) -> Path:
     return run / "test" / f"{kind}_{test}.bleu.json"
 
 
+def hyp_path(run: Path, kind: str, test: str) -> Path:
+    return run / "test" / f"{kind}_{test}.hyp"
+
+
 def average_command(run: Path) -> list[str] | None:
     """The valid-chosen window average of a finished run, unless it is there."""
     if (run / KINDS["avg"]).exists():
@@ -239,7 +243,7 @@ def decode_commands(args: argparse.Namespace, run: Path) -> list[list[str]]:
             if not score_path(run, kind, test).exists():
                 cmds.append([py, "-m", "tfx.evaluate", str(run / name), "--src", str(args.data_dir / f"{test}.{src}"),
                              "--ref", str(args.data_dir / f"{test}.{tgt}"), "--beam", "5", "--tok-bleu", "--quiet",
-                             "--output", str(run / "test" / f"{kind}_{test}.hyp")])  # fmt: skip
+                             "--output", str(hyp_path(run, kind, test))])  # fmt: skip
     return cmds
 
 
@@ -373,7 +377,7 @@ def significance_lines(out: Path, study: dict[str, Any], args: argparse.Namespac
         scored = [arm for arm in others if score_path(runs[arm], kind, test).exists()]
         results, refs = {}, Path(args.data_dir) / f"{test}.{tgt}"  # a replot away from the corpus: dashes
         if scored and score_path(runs[baseline], kind, test).exists() and refs.is_file():
-            hyps = {arm: read_lines(runs[arm] / "test" / f"{kind}_{test}.hyp") for arm in [baseline, *scored]}
+            hyps = {arm: read_lines(hyp_path(runs[arm], kind, test)) for arm in [baseline, *scored]}
             results = paired_bootstrap(hyps.pop(baseline), hyps, read_lines(refs))
         for arm in others:
             r = results.get(arm)
