@@ -18,7 +18,7 @@ a later arm trains on the slots an earlier one leaves idle (its long finalist st
    reports.
 
 Outputs in ``--out``: ``converged_study.md`` (mean +- std over seeds and each seed's value, epochs to the best
-valid score, the chosen setting, each arm against the first by paired bootstrap on every test decode, every
+valid score, the chosen setting, each arm against T-Fixup by paired bootstrap on every test decode, every
 finalist's valid BLEU, wall time), ``converged_study.png`` (valid BLEU per
 epoch, the mean per arm with the seeds' range as a band, the other finalists dashed), ``study.json`` and
 ``runs/`` (one TensorBoard folder). Everything resumes: run the same command again after an interruption;
@@ -28,7 +28,7 @@ direction. The study harness is ``tfx.studies``: tfx must be installed (``pip in
 
 Usage (CPU; an epoch of the 3+3 model takes about 8 minutes on one AVX2 thread in fp32, 2 on a bf16 one)::
 
-    python scripts/converged_study.py --out outputs/converged --arms tfixup postln --seeds 1
+    python scripts/converged_study.py --out results/converged --arms tfixup postln --seeds 1   # results/README.md
     python scripts/converged_study.py --out outputs/converged_gpu --preset gpu     # the whole table, 3 seeds
     python scripts/converged_study.py --preset gpu --dry-run    # its plan, every arm's config composed; no training
 """
@@ -226,8 +226,9 @@ def hyp_path(run: Path, kind: str, test: str) -> Path:
 
 
 def average_command(run: Path) -> list[str] | None:
-    """The valid-chosen window average of a finished run, unless it is there."""
-    if (run / KINDS["avg"]).exists():
+    """The valid-chosen window average of a finished run, unless it is there or every decode of it is scored (a
+    study restored from its committed records, ``results/README.md``, has the scores and no checkpoints)."""
+    if (run / KINDS["avg"]).exists() or all(score_path(run, "avg", test).exists() for test in TEST_SETS):
         return None
     window = min(WINDOW, len(list((run / "checkpoints").glob("checkpoint_*_*.pt"))))  # a short run has fewer
     return [sys.executable, "-m", "tfx.average", "--run-dir", str(run), "--best-window", str(max(window, 1)),
@@ -317,8 +318,15 @@ def valid_curve(run: Path) -> list[float]:
     return [by_step[step] for step in sorted(by_step)]
 
 
+def in_arm_order(by_arm: dict[str, Any]) -> dict[str, Any]:
+    """``by_arm`` in ``ARMS``'s order, T-Fixup first: a study whose arms were added over several runs of the
+    script (Pre-LN's first, say) reports them, and tests them against T-Fixup, as one that had them all at once."""
+    return dict(sorted(by_arm.items(), key=lambda item: list(ARMS).index(item[0])))
+
+
 def write_report(out: Path) -> str:
     study = json.loads((out / "study.json").read_text())
+    study["settings"], study["finalists"] = in_arm_order(study["settings"]), in_arm_order(study.get("finalists", {}))
     args = argparse.Namespace(**study["args"])
     lines = [
         f"# Converged comparison: Multi30k {args.direction}, {args.layers}+{args.layers} layers, seeds {args.seeds}",
@@ -364,7 +372,7 @@ def write_report(out: Path) -> str:
 
 
 def significance_lines(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """Each arm's first seed against the first arm's (T-Fixup in the default order) on every test decode:
+    """Each arm's first seed against the first arm's (T-Fixup, in ``in_arm_order``) on every test decode:
     sacreBLEU difference and the paired bootstrap's p-value. Test-set noise only: one run per arm each."""
     settings = study["settings"]
     if len(settings) < 2:

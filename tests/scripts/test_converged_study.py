@@ -5,6 +5,7 @@ run would train), decodes, reports and resumes without redoing work. CPU, fp32."
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -161,6 +162,13 @@ def test_the_report_tests_each_arm_against_the_first_by_paired_bootstrap(
     assert cs.significance_lines(tmp_path, {"settings": settings}, elsewhere)[-1] == "| postln | — | — |"
 
 
+def test_a_study_that_added_its_arms_later_reports_t_fixup_first(cs: ModuleType) -> None:
+    """Pre-LN and Admin trained first, T-Fixup added by a later run of the script: T-Fixup still leads the table
+    and is what the paired tests compare against."""
+    recorded = {"preln": [1e-3, 0.1, 0], "admin": [5e-4, 0.1, 400], "tfixup": [5e-4, 0.3, 0]}
+    assert list(cs.in_arm_order(recorded)) == ["tfixup", "preln", "admin"]
+
+
 def _updates(run: Path) -> list[dict]:
     return [r for r in read_metrics(run / "metrics.jsonl") if r["event"] == "update"]
 
@@ -217,6 +225,31 @@ def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path
     assert cs.main(argv) == 0 and lost.is_file()
     changed = [p for p, t in touched.items() if p != lost and p.stat().st_mtime_ns != t]
     assert changed == [], changed
+    # on another machine, from the records results/.gitignore keeps (no checkpoints, no average): nothing to do
+    for gone in [*out.rglob("checkpoints"), *out.rglob("tb")]:
+        shutil.rmtree(gone)
+    for gone in [*out.rglob("*.pt"), *out.rglob("train.log")]:
+        gone.unlink()
+    scores = {p: p.read_bytes() for p in out.rglob("*.bleu.json")}
+    assert cs.main(argv) == 0
+    assert {p: p.read_bytes() for p in out.rglob("*.bleu.json")} == scores and not list(out.rglob("*.pt"))
+    rows = [line for line in cs.write_report(out).splitlines() if line.startswith("| postln")]
+    assert rows == [line for line in table.splitlines() if line.startswith("| postln")] and len(rows) == 2
+
+
+def test_a_study_under_results_keeps_its_records_in_git_and_not_what_its_machine_alone_needs() -> None:
+    """results/.gitignore, read by git itself: the files a study resumes from are committed, the checkpoints,
+    TensorBoard events, logs and half-copied runs are not (the micro study above resumes from exactly that)."""
+    if not (CHECKOUT / ".git").exists():
+        pytest.skip("not a git checkout")
+    run = "results/converged/runs/final/tfixup_lr0.0005_d0.3/seed1"
+    kept = ["results/converged/study.json", "results/converged/converged_study.md", f"{run}/metrics.jsonl",
+            f"{run}/.hydra/overrides.yaml", f"{run}/test/best_test.hyp", f"{run}/test/avg_test.bleu.json"]
+    left = [f"{run}/checkpoints/checkpoint_best.pt", f"{run}/checkpoints/.lock", f"{run}/average.pt",
+            f"{run}/tb/events.out.tfevents.1", f"{run}/train.log", f"{run}.partial/metrics.jsonl"]  # fmt: skip
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *kept, *left], cwd=CHECKOUT,
+                             capture_output=True, text=True).stdout.split()  # fmt: skip
+    assert ignored == left
 
 
 def test_the_gpu_preset_dry_run_composes_every_arm_on_cuda_and_trains_nothing(cs: ModuleType, tmp_path: Path,
