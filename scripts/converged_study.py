@@ -227,7 +227,7 @@ def hyp_path(run: Path, kind: str, test: str) -> Path:
 
 def average_command(run: Path) -> list[str] | None:
     """The valid-chosen window average of a finished run, unless it is there or every decode of it is scored (a
-    study restored from its committed records, ``results/README.md``, has the scores and no checkpoints)."""
+    study copied without its checkpoints, ``results/README.md``, has the scores and nothing to average)."""
     if (run / KINDS["avg"]).exists() or all(score_path(run, "avg", test).exists() for test in TEST_SETS):
         return None
     window = min(WINDOW, len(list((run / "checkpoints").glob("checkpoint_*_*.pt"))))  # a short run has fewer
