@@ -11,7 +11,8 @@ a later arm trains on the slots an earlier one leaves idle (its long finalist st
    each epoch. The finalist with the best valid BLEU is the arm's setting. Why not take the grid's best outright:
    a short budget rewards what starts fastest, the higher lr and the weaker dropout, and both ended worse on
    Multi30k (T-Fixup: lr 1e-3 / dropout 0.1 led its grid and peaked at epoch 9; docs/methods.md).
-3. **Seeds** (the other ``--seeds``): the arm's setting to convergence.
+3. **Seeds** (the other ``--seeds``): the arm's setting to convergence (with seed 1 when the grid has one
+   setting per lr and dropout, one finalist: nothing is left to choose).
 4. **Test** (beam 5, the arm's setting, every seed): the best-valid checkpoint, and the average of the best window
    of numbered checkpoints chosen on valid (``tfx.average --best-window``), on test2016, test_2017_flickr and
    test_2018_flickr, as sacreBLEU (13a, cased) and as the lowercased tokenized BLEU the Multi30k literature
@@ -138,6 +139,13 @@ def grid_finalists(out: Path, arm: str, args: argparse.Namespace) -> dict[str, S
                 raise SystemExit(f"no finished grid run for arm {arm}, lr {lr:g}, dropout {dropout:g} in {grid}")
             finalists[finalist_name(arm, lr, dropout)] = max(scored, key=lambda pair: pair[0])[1]
     return finalists
+
+
+def seeds_with_finalists(finalists: dict[str, Setting], seeds: list[int]) -> list[int]:
+    """The seeds that train alongside the finalists: seed 1, whose runs choose among them, and, when there is one
+    finalist (chosen before it trains), the other seeds too, rather than after seed 1 has converged: a study of
+    one setting and two seeds then takes the wall time of one run on two slots, not of two."""
+    return [1, *(s for s in seeds if s != 1)] if len(finalists) == 1 else [1]
 
 
 def chosen_finalist(out: Path, finalists: dict[str, Setting]) -> str:
@@ -508,13 +516,15 @@ def run_study(args: argparse.Namespace) -> int:
         record("finalists", arm, finalists)
         say(f"{arm}: grid done; finalists (grid valid BLEU) " + ", ".join(
             f"{setting_name(*s)} ({best_valid(grid_run(args.out, arm, s))[0]:.2f})" for s in finalists.values()))
-        if code := run_tuned(args, arm, finalists, [1], queue, priority):
+        first = seeds_with_finalists(finalists, args.seeds)
+        if code := run_tuned(args, arm, finalists, first, queue, priority):
             return code, 0
         name = chosen_finalist(args.out, finalists)
         record("settings", arm, finalists[name])
         bleu, epoch = best_valid(final_runs(args.out, name, [1])[1])
         say(f"{arm}: its finalists converged; chose {name} (valid BLEU {bleu:.2f} at epoch {epoch})")
-        if code := run_tuned(args, arm, {name: finalists[name]}, [s for s in args.seeds if s != 1], queue, priority):
+        if code := run_tuned(args, arm, {name: finalists[name]}, [s for s in args.seeds if s not in first], queue,
+                             priority):  # fmt: skip
             return code, 0
         runs = list(final_runs(args.out, name, args.seeds).values())
         failed = run_decodes(args, runs, queue, priority)

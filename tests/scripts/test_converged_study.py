@@ -113,6 +113,20 @@ def test_a_re_run_trains_again_only_the_runs_that_were_stopped_or_never_started(
     assert queued == [f"hydra.run.dir={runs[400]}", f"hydra.run.dir={runs[1000]}"]
 
 
+def test_one_finalist_trains_every_seed_at_once_and_several_wait_for_seed_1_to_choose(cs: ModuleType,
+                                                                                     tmp_path: Path) -> None:
+    args = cs.parse_args(["--out", str(tmp_path), "--lrs", "0.0005", "--dropouts", "0.3", "--seeds", "1", "2", "3"])
+    lone = {"tfixup_lr0.0005_d0.3": (0.0005, 0.3, 0)}
+    assert cs.seeds_with_finalists(lone, args.seeds) == [1, 2, 3]
+    queue = _RecordingQueue()
+    assert cs.run_tuned(args, "tfixup", lone, cs.seeds_with_finalists(lone, args.seeds), queue, 0) == 0
+    queued = [next(a for a in cmd if a.startswith("train.seed=")) for cmd in queue.cmds]
+    assert queued == ["train.seed=1", "train.seed=2", "train.seed=3"]  # one batch: all three share the slots
+    two = {**lone, "tfixup_lr0.001_d0.3": (0.001, 0.3, 0)}
+    assert cs.seeds_with_finalists(two, args.seeds) == [1]  # seeds 2 and 3 train the choice, once seed 1 made it
+    assert cs.seeds_with_finalists(lone, [2]) == [1, 2]  # seed 1 chooses (and continues its grid run) regardless
+
+
 def test_the_valid_curve_has_one_point_per_update(cs: ModuleType, tmp_path: Path) -> None:
     """A run resumed after its last validation (before the fix in tfx.train) holds that validation twice."""
     records = [{"event": "valid", "step": s, "valid/bleu": b} for s, b in [(5, 1.0), (10, 3.0), (10, 3.0)]]
