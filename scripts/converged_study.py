@@ -380,30 +380,41 @@ def write_report(out: Path) -> str:
 
 
 def significance_lines(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """Each arm's first seed against the first arm's (T-Fixup, in ``in_arm_order``) on every test decode:
-    sacreBLEU difference and the paired bootstrap's p-value. Test-set noise only: one run per arm each."""
+    """Each arm against the first arm (T-Fixup, in ``in_arm_order``), seed by seed (seed s against T-Fixup's seed
+    s), on every test decode: sacreBLEU difference and the paired bootstrap's p-value. Test-set noise only: a
+    row is two runs; the seeds' spread is the table's ± above."""
     settings = study["settings"]
     if len(settings) < 2:
         return []
+    baseline, tgt = next(iter(settings)), args.direction.split("-")[1]
+    refs = {test: Path(args.data_dir) / f"{test}.{tgt}" for test in TEST_SETS}
+    rows = [seed_row(out, settings, seed, refs) for seed in args.seeds]
+    return ["", f"Against {baseline}, seed by seed (sacreBLEU difference and the paired bootstrap's p-value, 1000 "
+            f"resamples, sacrebleu's --paired-bs, so 0.001 is its smallest p: the test set's sampling noise, not the "
+            f"seeds'):", "",
+            "| arm | seed | " + " | ".join(f"{label} {kind}" for label in TEST_SETS.values() for kind in KINDS) + " |",
+            "|---|---|" + "---|" * (len(TEST_SETS) * len(KINDS)),
+            *(f"| {arm} | {seed} | " + " | ".join(cells) + " |" for seed, row in zip(args.seeds, rows, strict=True)
+              for arm, cells in row.items())]  # fmt: skip
+
+
+def seed_row(out: Path, settings: dict[str, Any], seed: int, refs: dict[str, Path]) -> dict[str, list[str]]:
+    """One seed's cells for each arm after the first, against the first arm's run of the same seed; a dash where a
+    decode is missing (not run yet) or the references ``refs`` (by test set) are not there (a replot away from
+    the corpus)."""
     baseline, *others = settings
-    seed, tgt = args.seeds[0], args.direction.split("-")[1]
     runs = {arm: final_runs(out, finalist_name(arm, *settings[arm][:2]), [seed])[seed] for arm in settings}
     cells: dict[str, list[str]] = {arm: [] for arm in others}
     for test, kind in itertools.product(TEST_SETS, KINDS):
         scored = [arm for arm in others if score_path(runs[arm], kind, test).exists()]
-        results, refs = {}, Path(args.data_dir) / f"{test}.{tgt}"  # a replot away from the corpus: dashes
-        if scored and score_path(runs[baseline], kind, test).exists() and refs.is_file():
+        results = {}
+        if scored and score_path(runs[baseline], kind, test).exists() and refs[test].is_file():
             hyps = {arm: read_lines(hyp_path(runs[arm], kind, test)) for arm in [baseline, *scored]}
-            results = paired_bootstrap(hyps.pop(baseline), hyps, read_lines(refs))
+            results = paired_bootstrap(hyps.pop(baseline), hyps, read_lines(refs[test]))
         for arm in others:
             r = results.get(arm)
             cells[arm].append(f"{r.score - r.baseline:+.2f} (p {r.p_value:.3f})" if r else "—")
-    return ["", f"Against {baseline} (seed {seed}; sacreBLEU difference and the paired bootstrap's p-value, 1000 "
-            f"resamples, sacrebleu's --paired-bs, so 0.001 is its smallest p: the test set's sampling noise, not the "
-            f"seeds'):", "",
-            "| arm | " + " | ".join(f"{label} {kind}" for label in TEST_SETS.values() for kind in KINDS) + " |",
-            "|---|" + "---|" * (len(TEST_SETS) * len(KINDS)),
-            *(f"| {arm} | " + " | ".join(row) + " |" for arm, row in cells.items())]  # fmt: skip
+    return cells
 
 
 def plot(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:

@@ -151,29 +151,32 @@ def test_the_figure_shows_an_arm_still_choosing_by_its_finalists(cs: ModuleType,
     assert (tmp_path / "converged_study.png").is_file()
 
 
-def test_the_report_tests_each_arm_against_the_first_by_paired_bootstrap(
+def test_the_report_tests_each_arm_against_the_first_by_paired_bootstrap_seed_by_seed(
     cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """postln's best-valid decode is the reference itself, tfixup's drops words: +difference, the smallest p; the
-    window average not decoded yet: a dash (CPU, sacrebleu on the files, no model)."""
+    """Seed 1: postln's best-valid decode is the reference itself, tfixup's drops words; seed 2 the other way
+    round. Each seed is tested against T-Fixup's run of the same seed: +gain for seed 1, -gain for seed 2, the
+    smallest p; the window average not decoded yet: a dash (CPU, sacrebleu on the files, no model)."""
     monkeypatch.setattr(cs, "TEST_SETS", {"test": "test2016"})
     refs = [f"a dog number {i} runs across the green field." for i in range(200)]
+    worse = [r.replace(" green", "") if i % 2 else r for i, r in enumerate(refs)]
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "test.en").write_text("\n".join(refs) + "\n")
-    hyps = {"tfixup": [r.replace(" green", "") if i % 2 else r for i, r in enumerate(refs)], "postln": refs}
+    hyps = {("tfixup", 1): worse, ("postln", 1): refs, ("tfixup", 2): refs, ("postln", 2): worse}
     settings = {"tfixup": [5e-4, 0.3, 0], "postln": [1e-3, 0.1, 400]}
-    for arm, lines in hyps.items():
-        test = tmp_path / "runs" / "final" / cs.finalist_name(arm, *settings[arm][:2]) / "seed1" / "test"
+    for (arm, seed), lines in hyps.items():
+        test = tmp_path / "runs" / "final" / cs.finalist_name(arm, *settings[arm][:2]) / f"seed{seed}" / "test"
         test.mkdir(parents=True)
         (test / "best_test.hyp").write_text("\n".join(lines) + "\n")
         (test / "best_test.bleu.json").write_text("{}")
-    args = cs.parse_args(["--seeds", "1", "--data-dir", str(tmp_path / "data")])
+    args = cs.parse_args(["--seeds", "1", "2", "--data-dir", str(tmp_path / "data")])
     lines = cs.significance_lines(tmp_path, {"settings": settings}, args)
-    gain = 100 - corpus_bleu(hyps["tfixup"], refs).score
-    assert lines[-1] == f"| postln | {gain:+.2f} (p 0.001) | — |" and gain > 1
+    gain = 100 - corpus_bleu(worse, refs).score
+    assert lines[-2:] == [f"| postln | 1 | {gain:+.2f} (p 0.001) | — |", f"| postln | 2 | {-gain:+.2f} (p 0.001) | — |"]
+    assert gain > 1
     assert cs.significance_lines(tmp_path, {"settings": {"tfixup": settings["tfixup"]}}, args) == []
     elsewhere = cs.parse_args(["--seeds", "1", "--data-dir", str(tmp_path / "moved")])  # replotted without data
-    assert cs.significance_lines(tmp_path, {"settings": settings}, elsewhere)[-1] == "| postln | — | — |"
+    assert cs.significance_lines(tmp_path, {"settings": settings}, elsewhere)[-1] == "| postln | 1 | — | — |"
 
 
 def test_a_study_that_added_its_arms_later_reports_t_fixup_first(cs: ModuleType) -> None:
