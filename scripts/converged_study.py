@@ -387,7 +387,8 @@ def significance_lines(out: Path, study: dict[str, Any], args: argparse.Namespac
     if len(settings) < 2:
         return []
     baseline, tgt = next(iter(settings)), args.direction.split("-")[1]
-    refs = {test: Path(args.data_dir) / f"{test}.{tgt}" for test in TEST_SETS}
+    paths = {test: Path(args.data_dir) / f"{test}.{tgt}" for test in TEST_SETS}
+    refs = {test: read_lines(path) for test, path in paths.items() if path.is_file()}  # once, for every seed
     rows = [seed_row(out, settings, seed, refs) for seed in args.seeds]
     return ["", f"Against {baseline}, seed by seed (sacreBLEU difference and the paired bootstrap's p-value, 1000 "
             f"resamples, sacrebleu's --paired-bs, so 0.001 is its smallest p: the test set's sampling noise, not the "
@@ -398,19 +399,18 @@ def significance_lines(out: Path, study: dict[str, Any], args: argparse.Namespac
               for arm, cells in row.items())]  # fmt: skip
 
 
-def seed_row(out: Path, settings: dict[str, Any], seed: int, refs: dict[str, Path]) -> dict[str, list[str]]:
+def seed_row(out: Path, settings: dict[str, Any], seed: int, refs: dict[str, list[str]]) -> dict[str, list[str]]:
     """One seed's cells for each arm after the first, against the first arm's run of the same seed; a dash where a
-    decode is missing (not run yet) or the references ``refs`` (by test set) are not there (a replot away from
-    the corpus)."""
+    decode is missing (not run yet) or a test set has no references in ``refs`` (a replot away from the corpus)."""
     baseline, *others = settings
     runs = {arm: final_runs(out, finalist_name(arm, *settings[arm][:2]), [seed])[seed] for arm in settings}
     cells: dict[str, list[str]] = {arm: [] for arm in others}
     for test, kind in itertools.product(TEST_SETS, KINDS):
         scored = [arm for arm in others if score_path(runs[arm], kind, test).exists()]
         results = {}
-        if scored and score_path(runs[baseline], kind, test).exists() and refs[test].is_file():
+        if scored and score_path(runs[baseline], kind, test).exists() and test in refs:
             hyps = {arm: read_lines(hyp_path(runs[arm], kind, test)) for arm in [baseline, *scored]}
-            results = paired_bootstrap(hyps.pop(baseline), hyps, read_lines(refs[test]))
+            results = paired_bootstrap(hyps.pop(baseline), hyps, refs[test])
         for arm in others:
             r = results.get(arm)
             cells[arm].append(f"{r.score - r.baseline:+.2f} (p {r.p_value:.3f})" if r else "—")
