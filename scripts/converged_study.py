@@ -18,14 +18,15 @@ a later arm trains on the slots an earlier one leaves idle (its long finalist st
    test_2018_flickr, as sacreBLEU (13a, cased) and as the lowercased tokenized BLEU the Multi30k literature
    reports.
 
-Outputs in ``--out``: ``converged_study.md`` (mean +- std over seeds and each seed's value, epochs to the best
-valid score, the chosen setting, each arm against T-Fixup by paired bootstrap on every test decode, every
-finalist's valid BLEU, wall time), ``converged_study.png`` (valid BLEU per
-epoch, the mean per arm with the seeds' range as a band, the other finalists dashed), ``study.json`` and
-``runs/`` (one TensorBoard folder). Everything resumes: run the same command again after an interruption;
-finished runs do not train again and scored decodes are not redone. ``--replot`` rewrites table and figure from
-the run folders. ``--layers 12`` is the deeper table (12 + 12 layers, d 256); ``--direction en-de`` the other
-direction. The study harness is ``tfx.studies``: tfx must be installed (``pip install -e ".[study]"``).
+Outputs in ``--out``: ``converged_study.md`` (mean +- std over seeds and each seed's value, epochs to the best valid
+score, the chosen setting, each arm against T-Fixup by paired bootstrap on every test decode, every finalist's valid
+BLEU, each arm's grid, wall time), ``converged_study.png`` (valid BLEU per epoch, the mean per arm with the seeds'
+range as a band, the other finalists dashed), ``converged_grid.png`` (each arm's grid as a heatmap: what its lr,
+dropout and warmup were chosen from), ``study.json`` and ``runs/`` (one TensorBoard folder). Everything resumes: run
+the same command again after an interruption; finished runs do not train again and scored decodes are not redone.
+``--replot`` rewrites table and figures from the run folders. ``--layers 12`` is the deeper table (12 + 12
+layers, d 256); ``--direction en-de`` the other direction. The study harness is ``tfx.studies``: tfx must be
+installed (``pip install -e ".[study]"``).
 
 Usage (CPU; an epoch of the 3+3 model takes about 8 minutes on one AVX2 thread in fp32, 2 on a bf16 one)::
 
@@ -373,10 +374,90 @@ def write_report(out: Path) -> str:
             mark = "yes" if arm in study["settings"] and list(setting) == list(study["settings"][arm]) else ""
             cells = [arm, setting_name(*setting), f"{grid:.2f}", f"{bleu:.2f}", str(epoch), str(len(curve)), mark]
             lines.append("| " + " | ".join(cells) + " |")
+    lines += grid_lines(out, study, args)
     text = "\n".join(lines) + "\n"
     (out / "converged_study.md").write_text(text)
     plot(out, study, args)
+    plot_grid(out, study, args)
     return text
+
+
+def grid_cells(out: Path, arm: str, args: argparse.Namespace) -> dict[tuple[float, float], dict[int, list[float]]]:
+    """An arm's grid: per (lr, dropout), per warmup, the greedy valid BLEU of each epoch run so far."""
+    cells: dict[tuple[float, float], dict[int, list[float]]] = {}
+    for lr, dropout, warmup in grid_settings(arm, args):
+        cells.setdefault((lr, dropout), {})[warmup] = valid_curve(grid_run(out, arm, (lr, dropout, warmup)))
+    return cells
+
+
+def grid_lines(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """Each arm's grid as a table, a row per lr and dropout and a column per warmup: the valid BLEU after each
+    epoch, the setting each finalist continues in bold, `...` after a run that has not ended."""
+    lines = []
+    for arm in in_arm_order(dict.fromkeys(study["arms"])):
+        cells = grid_cells(out, arm, args)
+        if not any(curve for row in cells.values() for curve in row.values()):
+            continue
+        warmups = list(next(iter(cells.values())))
+        finalists = {tuple(s) for s in study.get("finalists", {}).get(arm, {}).values()}
+        lines += ["", f"{arm}'s grid (seed 1; greedy valid BLEU after epoch 1 / ... / {args.grid_epochs}; bold: the "
+                  "setting a finalist continues):", "",
+                  "| lr | dropout | " + " | ".join(f"warmup {w}" for w in warmups) + " |",
+                  "|---|---|" + "---|" * len(warmups)]  # fmt: skip
+        for (lr, dropout), row in cells.items():
+            texts = []
+            for warmup, curve in row.items():
+                text = " / ".join(f"{b:.2f}" for b in curve) or "—"
+                if curve and not ended(grid_run(out, arm, (lr, dropout, warmup))):
+                    text += " ..."
+                texts.append(f"**{text}**" if (lr, dropout, warmup) in finalists else text)
+            lines.append(f"| {lr:g} | {dropout:g} | " + " | ".join(texts) + " |")
+    return lines
+
+
+def plot_grid(out: Path, study: dict[str, Any], args: argparse.Namespace) -> dict[str, list[list[float]]]:
+    """``converged_grid.png``: a heatmap per arm of its grid's valid BLEU at the grid's last epoch (rows lr and
+    dropout, columns warmup; one colour scale for every arm, the finalists framed). Returns each arm's matrix (nan
+    where a run has not reached that epoch); no figure when no grid run has."""
+    matrices, finalists = {}, study.get("finalists", {})
+    for arm in in_arm_order(dict.fromkeys(study["arms"])):
+        cells = grid_cells(out, arm, args)
+        last = [[c[args.grid_epochs - 1] if len(c) >= args.grid_epochs else math.nan for c in row.values()]
+                for row in cells.values()]  # fmt: skip
+        if any(math.isfinite(v) for row in last for v in row):
+            matrices[arm] = last
+    if not matrices:
+        return matrices
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    values = [v for m in matrices.values() for row in m for v in row if math.isfinite(v)]
+    low, high = min(values), max(values)
+    widths = [len(m[0]) for m in matrices.values()]  # a column per warmup, the same size in every panel
+    fig, axes = plt.subplots(1, len(matrices), figsize=(2.0 + 1.0 * sum(widths), 3.0), squeeze=False,
+                             gridspec_kw={"width_ratios": widths}, layout="constrained")  # fmt: skip
+    for k, (ax, (arm, matrix)) in enumerate(zip(axes[0], matrices.items(), strict=True)):
+        cells = grid_cells(out, arm, args)
+        warmups, rows = list(next(iter(cells.values()))), list(cells)
+        framed = {tuple(s) for s in finalists.get(arm, {}).values()}
+        image = ax.imshow(matrix, cmap="viridis", vmin=low, vmax=high, aspect="auto")
+        for i, j in itertools.product(range(len(rows)), range(len(warmups))):
+            if math.isfinite(value := matrix[i][j]):
+                dark = value < (low + high) / 2  # white on viridis' dark half, black on its light half
+                ax.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=8, color="white" if dark else "k")
+            if (*rows[i], warmups[j]) in framed:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2))
+        ax.set_xticks(range(len(warmups)), [str(w) for w in warmups], fontsize=8)
+        ax.set_yticks(range(len(rows)), [f"{lr:g} / {d:g}" for lr, d in rows] if k == 0 else [], fontsize=8)
+        ax.set(title=arm, xlabel="warmup")
+    axes[0][0].set_ylabel("peak lr / dropout")
+    fig.colorbar(image, ax=axes[0].tolist(), label=f"valid BLEU, epoch {args.grid_epochs} (red: finalist)")
+    fig.savefig(out / "converged_grid.png", dpi=110)
+    plt.close(fig)
+    return matrices
 
 
 def significance_lines(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:

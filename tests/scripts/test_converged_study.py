@@ -5,6 +5,7 @@ run would train), decodes, reports and resumes without redoing work. CPU, fp32."
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,41 @@ def test_one_finalist_trains_every_seed_at_once_and_several_wait_for_seed_1_to_c
     two = {**lone, "tfixup_lr0.001_d0.3": (0.001, 0.3, 0)}
     assert cs.seeds_with_finalists(two, args.seeds) == [1]  # seeds 2 and 3 train the choice, once seed 1 made it
     assert cs.seeds_with_finalists(lone, [2]) == [1, 2]  # seed 1 chooses (and continues its grid run) regardless
+
+
+def test_the_report_shows_each_arms_grid_as_a_table_and_a_heatmap_of_its_last_epoch(cs: ModuleType,
+                                                                                     tmp_path: Path) -> None:
+    """Scripted grid records (no training): each cell's valid BLEU by epoch, the finalists bold and framed, a run
+    still training marked, a warmup-free arm with its one column, one colour scale."""
+    argv = ["--out", str(tmp_path), "--lrs", "0.0005", "0.001", "--dropouts", "0.1", "--warmups", "0", "400",
+            "--grid-epochs", "2"]  # fmt: skip
+    args = cs.parse_args(argv)
+    curves = {("postln", 0.0005, 0): [3.0, 9.0], ("postln", 0.0005, 400): [2.0, 11.5],
+              ("postln", 0.001, 0): [4.0, 8.0], ("postln", 0.001, 400): [5.0],  # still training
+              ("tfixup", 0.0005, 0): [12.0, 21.0], ("tfixup", 0.001, 0): [18.0, 24.5]}  # fmt: skip
+    for (arm, lr, warmup), bleus in curves.items():
+        run = cs.grid_run(tmp_path, arm, (lr, 0.1, warmup))
+        _valid_run(run, bleus)
+        if len(bleus) == 2:
+            with (run / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps({"event": "end", "step": 20, "status": "completed"}) + "\n")
+    finalists = {"postln": {"postln_lr0.0005_d0.1": [0.0005, 0.1, 400]},
+                 "tfixup": {"tfixup_lr0.0005_d0.1": [0.0005, 0.1, 0], "tfixup_lr0.001_d0.1": [0.001, 0.1, 0]}}
+    study = {"arms": ["postln", "tfixup"], "finalists": finalists}
+    lines = cs.grid_lines(tmp_path, study, args)
+    tables = "\n".join(lines)
+    assert tables.index("tfixup's grid") < tables.index("postln's grid")  # T-Fixup first, as in every table
+    assert "| 0.0005 | 0.1 | **12.00 / 21.00** |" in lines and "| 0.001 | 0.1 | **18.00 / 24.50** |" in lines
+    assert "| lr | dropout | warmup 0 | warmup 400 |" in lines
+    assert "| 0.0005 | 0.1 | 3.00 / 9.00 | **2.00 / 11.50** |" in lines
+    assert "| 0.001 | 0.1 | 4.00 / 8.00 | 5.00 ... |" in lines
+    matrices = cs.plot_grid(tmp_path, study, args)
+    assert list(matrices) == ["tfixup", "postln"]
+    assert matrices["tfixup"] == [[21.0], [24.5]]
+    assert matrices["postln"][0] == [9.0, 11.5] and matrices["postln"][1][0] == 8.0
+    assert math.isnan(matrices["postln"][1][1])  # not at epoch 2 yet: no colour, no number
+    assert (tmp_path / "converged_grid.png").stat().st_size > 10_000
+    assert cs.grid_lines(tmp_path, {"arms": ["admin"]}, args) == []  # an arm with no grid run yet: no table
 
 
 def test_the_valid_curve_has_one_point_per_update(cs: ModuleType, tmp_path: Path) -> None:
