@@ -44,9 +44,11 @@ import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -99,11 +101,13 @@ def run_grid(args: argparse.Namespace, arm: str, queue: RunQueue, priority: int)
     return train_all(args.out, queue, priority, runs)
 
 
-def train_all(out: Path, queue: RunQueue, priority: int, runs: list[tuple[Path, list[str]]]) -> int:
-    """Train each (run folder, overrides) on a slot of ``queue``; 0, or the first failure's exit code (a diverged
-    run is a finding, not a failure), or ``STOPPED`` when the study was stopped meanwhile."""
+def train_all(out: Path, queue: RunQueue, priority: int, runs: list[tuple[Path, list[str]]],
+              then: Callable[[int, subprocess.CompletedProcess], None] | None = None) -> int:  # fmt: skip
+    """Train each (run folder, overrides) on a slot of ``queue`` (``then(i, done)`` as run ``i`` ends); 0, or the
+    first failure's exit code (a diverged run is a finding, not a failure), or ``STOPPED`` when the study was stopped
+    meanwhile."""
 
-    done = queue.run_all([train_command(out, run, overrides) for run, overrides in runs], priority)
+    done = queue.run_all([train_command(out, run, overrides) for run, overrides in runs], priority, then=then)
     codes = [0 if d.returncode and end_status(run) == "diverged" else d.returncode
              for d, (run, _) in zip(done, runs, strict=True)]  # fmt: skip
     return STOPPED if queue.stopped else next((code for code in codes if code), 0)
@@ -166,17 +170,26 @@ def say(message: str) -> None:
 
 
 def run_tuned(args: argparse.Namespace, arm: str, settings: dict[str, Setting], seeds: list[int], queue: RunQueue,
-              priority: int) -> int:  # fmt: skip
+              priority: int) -> tuple[int, int]:  # fmt: skip
     """Stages 2 and 3: the named settings of ``arm`` (its finalists, or its chosen one), each seed, to convergence,
-    all queued at once. Each name becomes ``tuned/<name>.yaml``; seed 1 continues its grid run
-    (``continue_grid_run``); runs that have ended are left out."""
+    all queued at once, each decoded as soon as it has converged (on its slot, before the next run). So a run that
+    has ended carries its test scores and hypotheses in its records, whatever happens to the study or the machine
+    before the others end (results/README.md), and every finalist has a test score. Each name becomes
+    ``tuned/<name>.yaml``; seed 1 continues its grid run (``continue_grid_run``); runs that have ended are left out
+    (their decodes still run, unless scored). (exit code, failed decodes)."""
     for name, setting in settings.items():
         continue_grid_run(grid_run(args.out, arm, setting), final_runs(args.out, name, [1])[1])
         write_arm(args.out / "arms" / "tuned" / f"{name}.yaml", arm, setting_overrides(setting))
     runs = [(run, [*converged_overrides(args), f"train.seed={seed}", f"+tuned={name}"])
-            for name in settings for seed, run in final_runs(args.out, name, seeds).items()
-            if not ended(run)]  # fmt: skip
-    return train_all(args.out, queue, priority, runs)
+            for name in settings for seed, run in final_runs(args.out, name, seeds).items()]  # fmt: skip
+    failed = [run_decodes(args, [run for run, _ in runs if ended(run)], queue, priority)]  # ended before this call
+    todo = [(run, overrides) for run, overrides in runs if not ended(run)]
+
+    def decode(i: int, done: subprocess.CompletedProcess) -> None:  # on run i's slot, as it ends
+        failed.append(run_decodes(args, [todo[i][0]], queue, priority, here=True))
+
+    code = train_all(args.out, queue, priority, todo, then=decode)
+    return code, sum(failed)
 
 
 def setting_overrides(setting: Setting) -> list[str]:
@@ -257,13 +270,16 @@ def decode_commands(args: argparse.Namespace, run: Path) -> list[list[str]]:
     return cmds
 
 
-def run_decodes(args: argparse.Namespace, runs: list[Path], queue: RunQueue, priority: int) -> int:
+def run_decodes(args: argparse.Namespace, runs: list[Path], queue: RunQueue, priority: int, here: bool = False) -> int:
     """Stage 4: per finished run, its average, then its decodes (what is scored is not decoded again), each on a
-    slot of ``queue``; the number that failed."""
+    slot of ``queue`` (``here``: one after another on the slot the caller holds); the number that failed."""
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
 
     def failures(cmds: list[list[str]]) -> int:
-        results = queue.run_all(cmds, priority, env, capture=True)
+        if here:
+            results = [queue.run_here(cmd, priority, env, capture=True) for cmd in cmds]
+        else:
+            results = queue.run_all(cmds, priority, env, capture=True)
         for done in results:
             if done.returncode not in (0, STOPPED):
                 lines = done.stderr.strip().splitlines() or ["failed"]
@@ -362,9 +378,12 @@ def write_report(out: Path) -> str:
                 cells.append(f"{mean_std([p[0] for p in pairs])} / {mean_std([p[1] for p in pairs])}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     lines += significance_lines(out, study, args)
-    lines += ["", "Finalists (seed 1; greedy valid BLEU, best and at the end of the grid's budget):", "",
-              "| arm | setting | grid valid | converged valid | epochs to best | epochs | chosen |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    test = next(iter(TEST_SETS))
+    label = TEST_SETS[test]
+    lines += ["", f"Finalists (seed 1; greedy valid BLEU, best and at the end of the grid's budget; {label} sacreBLEU "
+              "of the best-valid checkpoint, beam 5: is the choice on valid the choice on test?):", "",
+              f"| arm | setting | grid valid | converged valid | epochs to best | epochs | {label} | chosen |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, finalists in study.get("finalists", {}).items():
         for name, setting in finalists.items():
             run = final_runs(out, name, [1])[1]
@@ -372,7 +391,9 @@ def write_report(out: Path) -> str:
             bleu, epoch = best_of(curve)
             grid = max(curve[: args.grid_epochs], default=math.nan)
             mark = "yes" if arm in study["settings"] and list(setting) == list(study["settings"][arm]) else ""
-            cells = [arm, setting_name(*setting), f"{grid:.2f}", f"{bleu:.2f}", str(epoch), str(len(curve)), mark]
+            scored = f"{test_scores(run, 'best', test)[0]:.2f}".replace("nan", "—")
+            cells = [arm, setting_name(*setting), f"{grid:.2f}", f"{bleu:.2f}", str(epoch), str(len(curve)), scored,
+                     mark]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     lines += grid_lines(out, study, args)
     text = "\n".join(lines) + "\n"
@@ -609,21 +630,24 @@ def run_study(args: argparse.Namespace) -> int:
         say(f"{arm}: grid done; finalists (grid valid BLEU) " + ", ".join(
             f"{setting_name(*s)} ({best_valid(grid_run(args.out, arm, s))[0]:.2f})" for s in finalists.values()))
         first = seeds_with_finalists(finalists, args.seeds)
-        if code := run_tuned(args, arm, finalists, first, queue, priority):
-            return code, 0
+        code, failed = run_tuned(args, arm, finalists, first, queue, priority)
+        if code:
+            return code, failed
         name = chosen_finalist(args.out, finalists)
         record("settings", arm, finalists[name])
         bleu, epoch = best_valid(final_runs(args.out, name, [1])[1])
         say(f"{arm}: its finalists converged; chose {name} (valid BLEU {bleu:.2f} at epoch {epoch})")
-        if code := run_tuned(args, arm, {name: finalists[name]}, [s for s in args.seeds if s not in first], queue,
-                             priority):  # fmt: skip
-            return code, 0
+        code, more = run_tuned(args, arm, {name: finalists[name]}, [s for s in args.seeds if s not in first], queue,
+                               priority)  # fmt: skip
+        if code:
+            return code, failed + more
         runs = list(final_runs(args.out, name, args.seeds).values())
-        failed = run_decodes(args, runs, queue, priority)
+        run_decodes(args, runs, queue, priority)  # each was decoded as it converged: this retries what failed then
         test = next(iter(TEST_SETS))
         say(f"{arm}: decoded; {TEST_SETS[test]} sacreBLEU of the best-valid checkpoint, by seed: "
             + " / ".join(f"{test_scores(run, 'best', test)[0]:.2f}" for run in runs))
-        return 0, failed
+        every = {*runs, *(final_runs(args.out, n, [1])[1] for n in finalists)}
+        return 0, sum(len(decode_commands(args, run)) for run in every if finished(run))  # decodes still unscored
 
     def work() -> tuple[int, int]:
         """Every arm's stages at once, sharing ``--jobs`` slots; a free slot goes to the earliest arm, so arms

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
@@ -46,9 +47,10 @@ def test_the_32k_arm_is_t_fixup_at_32k_target_tokens_per_update(cs: ModuleType, 
     assert {w for _, _, w in cs.grid_settings("tfixup_32k", args)} == {0}  # warmup-free, as T-Fixup
 
 
-def _valid_run(folder: Path, bleus: list[float]) -> None:
-    folder.mkdir(parents=True)
+def _valid_run(folder: Path, bleus: list[float], ended: str | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
     lines = [{"event": "valid", "step": 10 * i, "valid/bleu": b} for i, b in enumerate(bleus, 1)]
+    lines += [{"event": "end", "step": 10 * len(bleus), "status": ended}] if ended else []
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
@@ -82,16 +84,29 @@ def test_the_grid_picks_a_warmup_per_lr_and_dropout_and_warmup_free_arms_keep_wa
 
 
 class _RecordingQueue:
-    """Stands in for ``RunQueue``: records the commands a stage queues, and each "trains" with exit code 0."""
+    """Stands in for ``RunQueue``: records the commands a stage runs, in order, each with exit code 0; a training
+    run "converges" (its metrics end in an early stop) and is then followed by what ``then`` runs on its slot."""
 
     stopped = False
 
     def __init__(self) -> None:
         self.cmds: list[list[str]] = []
 
-    def run_all(self, cmds: list[list[str]], priority: int) -> list[subprocess.CompletedProcess]:
-        self.cmds += cmds
-        return [subprocess.CompletedProcess(cmd, 0) for cmd in cmds]
+    def run_all(self, cmds: list[list[str]], priority: int, env: dict | None = None, capture: bool = False,
+                then: Any = None) -> list[subprocess.CompletedProcess]:  # fmt: skip
+        done = []
+        for i, cmd in enumerate(cmds):
+            done.append(self.run_here(cmd, priority))
+            if run := next((Path(a.split("=", 1)[1]) for a in cmd if a.startswith("hydra.run.dir=")), None):
+                _valid_run(run, [30.0, 31.0], ended="early stop: no valid/bleu gain in 1 validations")
+            if then is not None:
+                then(i, done[-1])
+        return done
+
+    def run_here(self, cmd: list[str], priority: int, env: dict | None = None,
+                 capture: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+        self.cmds.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
 
 
 def test_a_re_run_trains_again_only_the_runs_that_were_stopped_or_never_started(cs: ModuleType,
@@ -113,14 +128,40 @@ def test_a_re_run_trains_again_only_the_runs_that_were_stopped_or_never_started(
     assert queued == [f"hydra.run.dir={runs[400]}", f"hydra.run.dir={runs[1000]}"]
 
 
+def test_each_finalist_is_decoded_on_its_slot_as_soon_as_it_converges(cs: ModuleType, tmp_path: Path) -> None:
+    """So a run that ended has its test scores in its records even if the study stops (or the machine goes) before
+    the other finalists end; one that ended before the study was stopped is decoded first when it resumes."""
+    args = cs.parse_args(["--out", str(tmp_path), "--data-dir", str(tmp_path), "--lrs", "0.0005", "0.001",
+                          "--dropouts", "0.1", "0.3", "--warmups", "0"])  # fmt: skip
+    finalists = {cs.finalist_name("postln", lr, d): (lr, d, 0) for lr in args.lrs for d in args.dropouts}
+    runs = [cs.final_runs(tmp_path, name, [1])[1] for name in finalists]
+    _valid_run(runs[2], [29.0, 30.5], ended="early stop: no valid/bleu gain in 3 validations")  # before a stop
+    queue = _RecordingQueue()
+    assert cs.run_tuned(args, "postln", finalists, [1], queue, 0) == (0, 0)
+
+    def what(cmd: list[str]) -> str:
+        if "tfx.train" in cmd:
+            return "train " + next(a for a in cmd if a.startswith("hydra.run.dir=")).split("/")[-2]
+        if "tfx.average" in cmd:
+            return "average " + Path(cmd[cmd.index("--run-dir") + 1]).parent.name
+        return "decode " + Path(cmd[cmd.index("--output") + 1]).parents[2].name
+
+    def decoded(name: str) -> list[str]:  # its window average, then best and average on each test set
+        return [f"average {name}", *[f"decode {name}"] * (len(cs.KINDS) * len(cs.TEST_SETS))]
+
+    a, b, ended, c = (run.parent.name for run in runs)
+    expected = [*decoded(ended), f"train {a}", *decoded(a), f"train {b}", *decoded(b), f"train {c}", *decoded(c)]
+    assert [what(cmd) for cmd in queue.cmds] == expected
+
+
 def test_one_finalist_trains_every_seed_at_once_and_several_wait_for_seed_1_to_choose(cs: ModuleType,
                                                                                      tmp_path: Path) -> None:
     args = cs.parse_args(["--out", str(tmp_path), "--lrs", "0.0005", "--dropouts", "0.3", "--seeds", "1", "2", "3"])
     lone = {"tfixup_lr0.0005_d0.3": (0.0005, 0.3, 0)}
     assert cs.seeds_with_finalists(lone, args.seeds) == [1, 2, 3]
     queue = _RecordingQueue()
-    assert cs.run_tuned(args, "tfixup", lone, cs.seeds_with_finalists(lone, args.seeds), queue, 0) == 0
-    queued = [next(a for a in cmd if a.startswith("train.seed=")) for cmd in queue.cmds]
+    assert cs.run_tuned(args, "tfixup", lone, cs.seeds_with_finalists(lone, args.seeds), queue, 0) == (0, 0)
+    queued = [next(a for a in cmd if a.startswith("train.seed=")) for cmd in queue.cmds if "tfx.train" in cmd]
     assert queued == ["train.seed=1", "train.seed=2", "train.seed=3"]  # one batch: all three share the slots
     two = {**lone, "tfixup_lr0.001_d0.3": (0.001, 0.3, 0)}
     assert cs.seeds_with_finalists(two, args.seeds) == [1]  # seeds 2 and 3 train the choice, once seed 1 made it

@@ -4,6 +4,7 @@ subprocesses (Python one-liners), CPU."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -107,3 +108,42 @@ def test_a_later_arm_takes_the_slot_that_an_earlier_arms_last_run_leaves_idle(tm
     go.touch()
     long.join(30)
     assert set(codes.values()) == {0}
+
+
+def test_then_follows_each_command_on_its_slot_before_the_next_waiting_command(tmp_path: Path) -> None:
+    """A converged run's decodes (``then``, with ``run_here``) run on its slot before the slot goes to the next
+    waiting run: one slot, three runs, each run's decode right after it."""
+    log = tmp_path / "order.txt"
+    queue = RunQueue(1, tmp_path)
+
+    def decode(i: int, done: subprocess.CompletedProcess) -> None:
+        assert done.returncode == 0 and log.read_text().splitlines()[-1] == f"train {i}"  # run i has just ended
+        assert queue.run_here(_writer(log, f"decode {i}"), 0).returncode == 0
+
+    done = queue.run_all([_writer(log, f"train {i}") for i in range(3)], 0, then=decode)
+    assert [d.returncode for d in done] == [0, 0, 0]
+    assert log.read_text().splitlines() == ["train 0", "decode 0", "train 1", "decode 1", "train 2", "decode 2"]
+
+
+def test_stop_signals_a_command_that_then_runs_and_starts_no_more(tmp_path: Path) -> None:
+    ready, saved, log = tmp_path / "ready", tmp_path / "saved", tmp_path / "order.txt"
+    handler = [
+        "import signal, sys, time",
+        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(saved)!r}, 'w').write('stopped'), sys.exit(3)))",
+        f"open({str(ready)!r}, 'w')",
+        "time.sleep(60)",
+    ]
+    queue, codes = RunQueue(1, tmp_path), []
+
+    def decode(i: int, done: subprocess.CompletedProcess) -> None:
+        codes.append(queue.run_here([sys.executable, "-c", "\n".join(handler)], 0).returncode)
+        codes.append(queue.run_here(_writer(log, "never"), 0).returncode)
+
+    thread = threading.Thread(target=lambda: queue.run_all([_writer(log, "train"), _writer(log, "next")], 0,
+                                                           then=decode))  # fmt: skip
+    thread.start()
+    _until(ready.exists)
+    queue.stop()
+    thread.join(30)
+    assert codes == [3, STOPPED] and saved.read_text() == "stopped"
+    assert log.read_text().splitlines() == ["train"]  # neither the second decode nor the next run started

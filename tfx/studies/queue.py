@@ -15,12 +15,14 @@ import itertools
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 STOPPED = 130  # the return code of a command that a stop kept from starting
 
 Ticket = tuple[int, int]  # (priority: the arm's place, lower first; the order asked)
+Then = Callable[[int, subprocess.CompletedProcess], None]  # what follows command i on its slot (``run_all``)
 
 
 class RunQueue:
@@ -45,16 +47,26 @@ class RunQueue:
             self._cond.notify_all()
 
     def run_all(self, cmds: list[list[str]], priority: int, env: dict[str, str] | None = None,
-                capture: bool = False) -> list[subprocess.CompletedProcess]:  # fmt: skip
+                capture: bool = False, then: Then | None = None) -> list[subprocess.CompletedProcess]:  # fmt: skip
         """Run ``cmds``, each when a slot is its turn, and wait for all (``capture``: their output as text, else it
         goes to ours). All are queued at once, so a later arm cannot take a slot between two of them. A command
-        that a stop kept from starting returns ``STOPPED``."""
+        that a stop kept from starting returns ``STOPPED``. ``then(i, done)`` follows command ``i`` on its slot,
+        before the slot is free again (a converged run's decodes, with ``run_here``, before the next run trains)."""
         with self._cond:
             tickets = [(priority, next(self._tickets)) for _ in cmds]
             for ticket in tickets:
                 heapq.heappush(self._waiting, ticket)
         with ThreadPoolExecutor(max(len(cmds), 1)) as pool:
-            return list(pool.map(lambda c, t: self._run(c, t, env, capture), cmds, tickets))
+            return list(pool.map(lambda i: self._run(cmds[i], tickets[i], env, capture, then, i), range(len(cmds))))
+
+    def run_here(self, cmd: list[str], priority: int, env: dict[str, str] | None = None,
+                 capture: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+        """One command on the slot its caller holds (inside ``then``); ``stop()`` signals it like the others."""
+        with self._cond:
+            if self._stopping:
+                return subprocess.CompletedProcess(cmd, STOPPED, "", "")
+            proc = self._start(cmd, priority, env, capture)
+        return self._wait(proc)
 
     def run(self, cmd: list[str], priority: int, env: dict[str, str] | None = None,
             capture: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
@@ -67,8 +79,8 @@ class RunQueue:
         between = any(p < ticket[0] and p not in busy for p in self._arms)
         return self._free > 0 and self._waiting[0] == ticket and not between
 
-    def _run(self, cmd: list[str], ticket: Ticket, env: dict[str, str] | None,
-             capture: bool) -> subprocess.CompletedProcess:  # fmt: skip
+    def _run(self, cmd: list[str], ticket: Ticket, env: dict[str, str] | None, capture: bool,
+             then: Then | None = None, i: int = 0) -> subprocess.CompletedProcess:  # fmt: skip
         with self._cond:
             self._cond.wait_for(lambda: self._stopping or self._turn(ticket))
             self._waiting.remove(ticket)
@@ -76,17 +88,32 @@ class RunQueue:
             self._cond.notify_all()  # the next ticket may have its turn too
             if self._stopping:
                 return subprocess.CompletedProcess(cmd, STOPPED, "", "")
-            pipe = subprocess.PIPE if capture else None
-            proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdout=pipe, stderr=pipe, text=True)
+            proc = self._start(cmd, ticket[0], env, capture)
             self._free -= 1
-            self._running[proc] = ticket[0]
+        try:
+            done = self._wait(proc)
+            if then is not None and not self._stopping:
+                then(i, done)
+            return done
+        finally:
+            with self._cond:
+                self._free += 1
+                self._cond.notify_all()
+
+    def _start(self, cmd: list[str], priority: int, env: dict[str, str] | None, capture: bool) -> subprocess.Popen:
+        """Start ``cmd`` (the lock held): it counts as running for ``priority``'s arm until ``_wait`` reaps it."""
+        pipe = subprocess.PIPE if capture else None
+        proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdout=pipe, stderr=pipe, text=True)
+        self._running[proc] = priority
+        return proc
+
+    def _wait(self, proc: subprocess.Popen) -> subprocess.CompletedProcess:
         try:
             out, err = proc.communicate()
-            return subprocess.CompletedProcess(cmd, proc.returncode, out or "", err or "")
+            return subprocess.CompletedProcess(proc.args, proc.returncode, out or "", err or "")
         finally:
             with self._cond:
                 del self._running[proc]
-                self._free += 1
                 self._cond.notify_all()
 
     @property
