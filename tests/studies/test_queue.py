@@ -59,14 +59,8 @@ def test_no_more_than_jobs_commands_run_at_once(tmp_path: Path) -> None:
 
 def test_stop_signals_the_running_commands_and_starts_no_more(tmp_path: Path) -> None:
     saved, never, ready = tmp_path / "saved", tmp_path / "never", tmp_path / "ready"
-    handler = [
-        "import signal, sys, time",
-        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(saved)!r}, 'w').write('checkpoint'), sys.exit(0)))",
-        f"open({str(ready)!r}, 'w')",
-        "time.sleep(60)",
-    ]
     queue, codes = RunQueue(1, tmp_path), {}
-    running = _queued(queue, [sys.executable, "-c", "\n".join(handler)], 0, codes, "running")
+    running = _queued(queue, _saves_when_stopped(ready, saved, 0), 0, codes, "running")
     _until(ready.exists)
     waiting = _queued(queue, [sys.executable, "-c", f"open({str(never)!r}, 'w')"], 0, codes, "waiting")
     _until(lambda: queue.waiting == 1)
@@ -75,6 +69,17 @@ def test_stop_signals_the_running_commands_and_starts_no_more(tmp_path: Path) ->
     waiting.join(30)
     assert codes == {"running": 0, "waiting": STOPPED} and queue.stopped
     assert saved.read_text() == "checkpoint" and not never.exists()
+
+
+def _saves_when_stopped(ready: Path, saved: Path, code: int) -> list[str]:
+    """A command that writes ``ready``, then waits; on SIGTERM it writes ``saved`` and exits with ``code``."""
+    handler = [
+        "import signal, sys, time",
+        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(saved)!r}, 'w').write('checkpoint'), sys.exit({code})))",
+        f"open({str(ready)!r}, 'w')",
+        "time.sleep(60)",
+    ]
+    return [sys.executable, "-c", "\n".join(handler)]
 
 
 def _writer(log: Path, key: str) -> list[str]:
@@ -127,16 +132,10 @@ def test_then_follows_each_command_on_its_slot_before_the_next_waiting_command(t
 
 def test_stop_signals_a_command_that_then_runs_and_starts_no_more(tmp_path: Path) -> None:
     ready, saved, log = tmp_path / "ready", tmp_path / "saved", tmp_path / "order.txt"
-    handler = [
-        "import signal, sys, time",
-        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(saved)!r}, 'w').write('stopped'), sys.exit(3)))",
-        f"open({str(ready)!r}, 'w')",
-        "time.sleep(60)",
-    ]
     queue, codes = RunQueue(1, tmp_path), []
 
     def decode(i: int, done: subprocess.CompletedProcess) -> None:
-        codes.append(queue.run_here([sys.executable, "-c", "\n".join(handler)], 0).returncode)
+        codes.append(queue.run_here(_saves_when_stopped(ready, saved, 3), 0).returncode)
         codes.append(queue.run_here(_writer(log, "never"), 0).returncode)
 
     thread = threading.Thread(target=lambda: queue.run_all([_writer(log, "train"), _writer(log, "next")], 0,
@@ -145,5 +144,5 @@ def test_stop_signals_a_command_that_then_runs_and_starts_no_more(tmp_path: Path
     _until(ready.exists)
     queue.stop()
     thread.join(30)
-    assert codes == [3, STOPPED] and saved.read_text() == "stopped"
+    assert codes == [3, STOPPED] and saved.read_text() == "checkpoint"
     assert log.read_text().splitlines() == ["train"]  # neither the second decode nor the next run started
