@@ -13,10 +13,11 @@ a later arm trains on the slots an earlier one leaves idle (its long finalist st
    Multi30k (T-Fixup: lr 1e-3 / dropout 0.1 led its grid and peaked at epoch 9; docs/methods.md).
 3. **Seeds** (the other ``--seeds``): the arm's setting to convergence (with seed 1 when the grid has one
    setting per lr and dropout, one finalist: nothing is left to choose).
-4. **Test** (beam 5, the arm's setting, every seed): the best-valid checkpoint, and the average of the best window
-   of numbered checkpoints chosen on valid (``tfx.average --best-window``), on test2016, test_2017_flickr and
-   test_2018_flickr, as sacreBLEU (13a, cased) and as the lowercased tokenized BLEU the Multi30k literature
-   reports.
+4. **Test** (beam 5, every finalist and seed, each on its slot as soon as it converges, so a run that has ended
+   carries its scores whatever becomes of the machine): the best-valid checkpoint, and the average of the best
+   window of numbered checkpoints chosen on valid (``tfx.average --best-window``), on test2016, test_2017_flickr
+   and test_2018_flickr, as sacreBLEU (13a, cased) and as the lowercased tokenized BLEU the Multi30k literature
+   reports. The table reports the arm's setting; the finalists' table each finalist's test2016.
 
 Outputs in ``--out``: ``converged_study.md`` (mean +- std over seeds and each seed's value, epochs to the best valid
 score, the chosen setting, each arm against T-Fixup by paired bootstrap on every test decode, every finalist's valid
