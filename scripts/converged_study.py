@@ -441,11 +441,11 @@ def plot_grid(out: Path, study: dict[str, Any], args: argparse.Namespace) -> dic
     """``converged_grid.png``: a heatmap per arm of its grid's valid BLEU at the grid's last epoch (rows lr and
     dropout, columns warmup; one colour scale for every arm, the finalists framed). Returns each arm's matrix (nan
     where a run has not reached that epoch); no figure when no grid run has."""
-    matrices, finalists = {}, study.get("finalists", {})
+    matrices, grids, finalists = {}, {}, study.get("finalists", {})
     for arm in in_arm_order(dict.fromkeys(study["arms"])):
-        cells = grid_cells(out, arm, args)
+        grids[arm] = grid_cells(out, arm, args)
         last = [[c[args.grid_epochs - 1] if len(c) >= args.grid_epochs else math.nan for c in row.values()]
-                for row in cells.values()]  # fmt: skip
+                for row in grids[arm].values()]  # fmt: skip
         if any(math.isfinite(v) for row in last for v in row):
             matrices[arm] = last
     if not matrices:
@@ -462,8 +462,7 @@ def plot_grid(out: Path, study: dict[str, Any], args: argparse.Namespace) -> dic
     fig, axes = plt.subplots(1, len(matrices), figsize=(2.0 + 1.0 * sum(widths), 3.0), squeeze=False,
                              gridspec_kw={"width_ratios": widths}, layout="constrained")  # fmt: skip
     for k, (ax, (arm, matrix)) in enumerate(zip(axes[0], matrices.items(), strict=True)):
-        cells = grid_cells(out, arm, args)
-        warmups, rows = list(next(iter(cells.values()))), list(cells)
+        warmups, rows = list(next(iter(grids[arm].values()))), list(grids[arm])
         framed = {tuple(s) for s in finalists.get(arm, {}).values()}
         image = ax.imshow(matrix, cmap="viridis", vmin=low, vmax=high, aspect="auto")
         for i, j in itertools.product(range(len(rows)), range(len(warmups))):
