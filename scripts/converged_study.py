@@ -32,8 +32,10 @@ installed (``pip install -e ".[study]"``).
 Usage (CPU; an epoch of the 3+3 model takes about 8 minutes on one AVX2 thread in fp32, 2 on a bf16 one)::
 
     python scripts/converged_study.py --out results/converged --arms tfixup postln --seeds 1   # results/README.md
-    python scripts/converged_study.py --out outputs/converged_gpu --preset gpu     # the whole table, 3 seeds
+    python scripts/converged_study.py --out outputs/converged --tuned postln=1e-3,0.1,400   # a grid of one for postln
+    python scripts/converged_study.py --out outputs/converged_gpu --preset gpu   # CPU-tuned arms, 3 seeds, one GPU
     python scripts/converged_study.py --preset gpu --dry-run    # its plan, every arm's config composed; no training
+    scripts/gpu_converged.sh OUT    # the GPU preset at 3+3 and 12+12 inside a time box (one device call)
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ from tfx.studies.harness import CHECKOUT, missing_files, open_study, run_recorde
 from tfx.studies.queue import STOPPED, RunQueue
 
 DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "admin", "xavier_noln"]
+# Each arm's setting (peak lr, dropout, warmup updates) as its CPU study chose it, 3+3 De->En (docs/methods.md):
+# T-Fixup and Post-LN fp32 (2026-12-01/02), Pre-LN, Admin bf16 (2026-12-03), DeepNorm bf16 (2026-12-04: the best
+# finalist so far; its lr 5e-4 finalists had not converged). The GPU preset trains these.
+TUNED_ON_CPU: dict[str, Setting] = {"tfixup": (5e-4, 0.3, 0), "postln": (1e-3, 0.1, 400), "preln": (5e-4, 0.3, 0),
+                                    "admin": (1e-3, 0.3, 0), "deepnorm": (1e-3, 0.3, 400)}  # fmt: skip
 WARMUP_FREE = {"tfixup", "xavier_noln", "postln_nowarmup"}  # methods whose recipe is no warmup at all
 TEST_SETS = {"test": "test2016", "test_2017_flickr": "test2017 flickr", "test_2018_flickr": "test2018 flickr"}
 KINDS = {"best": "checkpoints/checkpoint_best.pt", "avg": "average.pt"}  # what is decoded, per run folder
@@ -86,6 +93,9 @@ def shared_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def grid_settings(arm: str, args: argparse.Namespace) -> list[Setting]:
+    """An arm's grid: its ``--tuned`` setting alone, or lr x dropout x warmup (warmup 0 for a warmup-free method)."""
+    if tuned := getattr(args, "tuned", {}).get(arm):  # a study recorded before --tuned existed has none
+        return [tuple(tuned)]
     warmups = [0] if ARMS[arm][0] in WARMUP_FREE else args.warmups
     return [(lr, d, w) for lr in args.lrs for d in args.dropouts for w in warmups]
 
@@ -135,16 +145,20 @@ def grid_finalists(out: Path, arm: str, args: argparse.Namespace) -> dict[str, S
     """Per peak lr and dropout, the grid setting with the best valid BLEU (the first of equals, in grid order), by
     ``finalist_name``: the short budget chooses the warmup, convergence chooses lr and dropout."""
     finalists = {}
-    for lr in args.lrs:
-        for dropout in args.dropouts:
-            scored = [(best_valid(out / "runs" / "grid" / arm / setting_name(*s))[0], s)
-                      for s in grid_settings(arm, args) if s[:2] == (lr, dropout)]  # fmt: skip
-            scored = [(bleu, s) for bleu, s in scored if not math.isnan(bleu)]
-            if not scored:
-                grid = out / "runs" / "grid" / arm
-                raise SystemExit(f"no finished grid run for arm {arm}, lr {lr:g}, dropout {dropout:g} in {grid}")
-            finalists[finalist_name(arm, lr, dropout)] = max(scored, key=lambda pair: pair[0])[1]
+    for lr, dropout in lr_dropouts(arm, args):
+        scored = [(best_valid(out / "runs" / "grid" / arm / setting_name(*s))[0], s)
+                  for s in grid_settings(arm, args) if s[:2] == (lr, dropout)]  # fmt: skip
+        scored = [(bleu, s) for bleu, s in scored if not math.isnan(bleu)]
+        if not scored:
+            grid = out / "runs" / "grid" / arm
+            raise SystemExit(f"no finished grid run for arm {arm}, lr {lr:g}, dropout {dropout:g} in {grid}")
+        finalists[finalist_name(arm, lr, dropout)] = max(scored, key=lambda pair: pair[0])[1]
     return finalists
+
+
+def lr_dropouts(arm: str, args: argparse.Namespace) -> list[tuple[float, float]]:
+    """The (peak lr, dropout) pairs of an arm's grid, in grid order: one finalist each."""
+    return list(dict.fromkeys(s[:2] for s in grid_settings(arm, args)))
 
 
 def seeds_with_finalists(finalists: dict[str, Setting], seeds: list[int]) -> list[int]:
@@ -358,11 +372,11 @@ def write_report(out: Path) -> str:
         f"# Converged comparison: Multi30k {args.direction}, {args.layers}+{args.layers} layers, seeds {args.seeds}",
         "",
         f"Every run: `{' '.join(study['overrides'])}`; grid: lr {args.lrs} x dropout {args.dropouts} x warmup "
-        f"{args.warmups} ({args.grid_epochs} epochs, seed 1; warmup-free methods: warmup 0); per lr and dropout the "
-        f"grid's best warmup trained on (patience {args.patience}, at most {args.max_epochs} epochs), the best on "
-        f"valid is the arm's setting. Test: beam 5; `best` = the best-valid checkpoint, `avg` = the best window of "
-        f"{WINDOW} numbered checkpoints on valid. sacreBLEU (13a, cased) / tokBLEU (lowercased, tokenized). Wall "
-        f"time {study['wall_seconds'] / 60:.1f} min.",
+        f"{args.warmups} ({args.grid_epochs} epochs, seed 1; warmup-free methods: warmup 0){tuned_text(args)}; per lr "
+        f"and dropout the grid's best warmup trained on (patience {args.patience}, at most {args.max_epochs} epochs), "
+        f"the best on valid is the arm's setting. Test: beam 5; `best` = the best-valid checkpoint, `avg` = the best "
+        f"window of {WINDOW} numbered checkpoints on valid. sacreBLEU (13a, cased) / tokBLEU (lowercased, tokenized). "
+        f"Wall time {study['wall_seconds'] / 60:.1f} min.",
         "",
         "| arm | setting | epochs to best | valid | " + " | ".join(
             f"{label} {kind} sacre / tok" for label in TEST_SETS.values() for kind in KINDS) + " |",
@@ -402,6 +416,13 @@ def write_report(out: Path) -> str:
     plot(out, study, args)
     plot_grid(out, study, args)
     return text
+
+
+def tuned_text(args: argparse.Namespace) -> str:
+    """The report's words for the arms whose setting was tuned elsewhere (``--tuned``), if any."""
+    if not (tuned := getattr(args, "tuned", {})):
+        return ""
+    return "; tuned elsewhere, a grid of one setting: " + ", ".join(f"{a} {setting_name(*s)}" for a, s in tuned.items())
 
 
 def grid_cells(out: Path, arm: str, args: argparse.Namespace) -> dict[tuple[float, float], dict[int, list[float]]]:
@@ -568,10 +589,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("outputs/converged_study"))
     p.add_argument("--data-dir", type=Path, default=CHECKOUT.parent / "shared" / "data" / "multi30k")
-    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), help=f"default: {' '.join(DEFAULT_ARMS)}")
     p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers (12: the deeper table)")
     p.add_argument("--direction", choices=["de-en", "en-de"], default="de-en")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1])
+    p.add_argument("--seeds", type=int, nargs="+", help="default: 1 (the gpu preset: 1 2 3)")
     p.add_argument("--patience", type=int, default=3)
     p.add_argument("--max-epochs", type=int, default=30)
     p.add_argument("--grid-epochs", type=int, default=3, help="epochs per grid run (the shorter budget)")
@@ -581,19 +602,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2, help="runs (and decodes) at once")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
     p.add_argument("--precision", default="fp32")
+    p.add_argument("--tuned", nargs="+", default=[], metavar="ARM=LR,DROPOUT,WARMUP", type=tuned_setting,
+                   help="an arm's setting tuned elsewhere: its grid is that one setting")  # fmt: skip
     p.add_argument("--preset", choices=["cpu", "gpu"], default="cpu",
-                   help="gpu: 3 seeds, 4 runs at once on one CUDA device, bf16, packed batches, compiled")  # fmt: skip
+                   help="gpu: the arms the CPU studies tuned, at their settings (TUNED_ON_CPU), 3 seeds, bf16, "
+                        "every run at once on one CUDA device")  # fmt: skip
     p.add_argument("--replot", action="store_true")
     p.add_argument("--dry-run", action="store_true",
                    help="train nothing: print the plan, composing each arm's config (checks a preset)")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="KEY=VALUE overrides for every run (before the options)")
     args = p.parse_args(argv)
+    args.tuned = dict(args.tuned)
     if args.preset == "gpu":
-        # a 3+3 d256 run keeps an H200 mostly idle, and the device machine has 16 host cores: 4 runs share it
-        args.seeds, args.jobs, args.threads, args.precision = [1, 2, 3], 4, 2, "bf16"
-        args.overrides = ["train.device=cuda", "data.batching=packed", "train.compile=true", *args.overrides]
+        # One GPU window holds no grid (16 settings x 3 epochs per arm), so each arm trains the setting its CPU
+        # grid and finalists chose. A 3+3 d256 run is host-bound and leaves an H200 mostly idle: every run
+        # shares the device at once, one host core each (16 on the device machine). The CPU recipe otherwise
+        # (padded 2048-token batches, eager): the settings were tuned on it.
+        args.arms = args.arms or list(TUNED_ON_CPU)
+        args.tuned = {**{arm: TUNED_ON_CPU[arm] for arm in args.arms if arm in TUNED_ON_CPU}, **args.tuned}
+        args.seeds, args.threads, args.precision = args.seeds or [1, 2, 3], 1, "bf16"
+        args.jobs = min(len(args.arms) * len(args.seeds), 16)
+        if all(arm in args.tuned for arm in args.arms):  # nothing to choose: seeds 2 and 3 wait one epoch, not 3
+            args.grid_epochs = 1
+        args.overrides = ["train.device=cuda", *args.overrides]
+    args.arms, args.seeds = args.arms or DEFAULT_ARMS, args.seeds or [1]
+    if unknown := [arm for arm in args.tuned if arm not in args.arms]:
+        p.error(f"--tuned names {', '.join(unknown)}, not among --arms {' '.join(args.arms)}")
     args.out, args.data_dir = args.out.resolve(), args.data_dir.resolve()
     return args
+
+
+def tuned_setting(text: str) -> tuple[str, Setting]:
+    """``ARM=LR,DROPOUT,WARMUP`` -> (arm, (lr, dropout, warmup)), for ``--tuned``."""
+    try:
+        arm, values = text.split("=")
+        lr, dropout, warmup = values.split(",")
+        if arm not in ARMS:
+            raise ValueError(f"unknown arm {arm!r} (one of {', '.join(ARMS)})")
+        return arm, (float(lr), float(dropout), int(warmup))
+    except ValueError as err:
+        message = f"{text!r}: want ARM=LR,DROPOUT,WARMUP, e.g. tfixup=5e-4,0.3,0 ({err})"
+        raise argparse.ArgumentTypeError(message) from None
 
 
 def run_study(args: argparse.Namespace) -> int:
@@ -629,6 +678,8 @@ def run_study(args: argparse.Namespace) -> int:
         record("finalists", arm, finalists)
         say(f"{arm}: grid done; finalists (grid valid BLEU) " + ", ".join(
             f"{setting_name(*s)} ({best_valid(grid_run(args.out, arm, s))[0]:.2f})" for s in finalists.values()))
+        if len(finalists) == 1:  # nothing to choose: the table shows its seeds as they end, even if stopped
+            record("settings", arm, next(iter(finalists.values())))
         first = seeds_with_finalists(finalists, args.seeds)
         code, failed = run_tuned(args, arm, finalists, first, queue, priority)
         if code:
@@ -681,7 +732,7 @@ def dry_run(args: argparse.Namespace) -> int:
         for arm in args.arms:
             grid = grid_settings(arm, args)
             write_arm(Path(folder) / "tuned" / "plan.yaml", arm, setting_overrides(grid[0]))
-            finalists, seeds = len(args.lrs) * len(args.dropouts), len(args.seeds) - (1 in args.seeds)
+            finalists, seeds = len(lr_dropouts(arm, args)), len(args.seeds) - (1 in args.seeds)
             try:
                 cfg = compose_config([search, *converged_overrides(args), "+tuned=plan"])
             except (HydraException, OmegaConfBaseException, ValueError) as err:

@@ -349,10 +349,33 @@ def test_the_gpu_preset_dry_run_composes_every_arm_on_cuda_and_trains_nothing(cs
     out = tmp_path / "study"
     assert cs.main(["--out", str(out), "--preset", "gpu", "--dry-run", "--arms", "tfixup", "postln"]) == 0
     plan = capsys.readouterr().out.splitlines()
-    assert plan[0].startswith("tfixup: grid 4 runs x 3 epochs; 4 finalists and 2 more seeds")
-    assert plan[1].startswith("postln: grid 16 runs x 3 epochs;") and "norm=post init=xavier" in plan[1]
-    assert all("device cuda bf16 batching=packed compile=True | 4 runs at once" in line for line in plan[:2])
+    # each arm at the setting its CPU study chose: a grid of one, its seed 1 the finalist, seeds 2 and 3 beside it
+    assert plan[0].startswith("tfixup: grid 1 runs x 1 epochs; 1 finalists and 2 more seeds")
+    assert plan[1].startswith("postln: grid 1 runs x 1 epochs;") and "norm=post init=xavier" in plan[1]
+    assert all("device cuda bf16 batching=padded compile=False | 6 runs at once, 1 threads" in line
+               for line in plan[:2])  # fmt: skip
     assert not out.exists()  # nothing trained, nothing written
+
+
+def test_the_gpu_preset_trains_the_cpu_tuned_arms_at_their_settings_and_tuned_overrides_one(cs: ModuleType,
+                                                                                            tmp_path: Path) -> None:
+    args = cs.parse_args(["--out", str(tmp_path), "--preset", "gpu", "--tuned", "deepnorm=5e-4,0.1,0"])
+    assert args.arms == list(cs.TUNED_ON_CPU) and args.seeds == [1, 2, 3] and args.jobs == 15
+    assert cs.grid_settings("postln", args) == [cs.TUNED_ON_CPU["postln"]] == [(1e-3, 0.1, 400)]
+    assert cs.grid_settings("deepnorm", args) == [(5e-4, 0.1, 0)]  # --tuned wins over the preset's
+
+
+def test_a_tuned_arm_has_a_grid_of_one_and_the_others_keep_theirs(cs: ModuleType, tmp_path: Path) -> None:
+    args = cs.parse_args(["--out", str(tmp_path), "--arms", "tfixup", "postln", "--tuned", "postln=0.001,0.1,400"])
+    assert cs.grid_settings("postln", args) == [(0.001, 0.1, 400)]
+    assert len(cs.grid_settings("tfixup", args)) == 4 and args.grid_epochs == 3  # the CPU preset's grid
+    _valid_run(tmp_path / "runs" / "grid" / "postln" / "lr0.001_d0.1_w400", [10.0, 20.0, 25.0])
+    assert cs.grid_finalists(tmp_path, "postln", args) == {"postln_lr0.001_d0.1": (0.001, 0.1, 400)}
+    assert cs.seeds_with_finalists(cs.grid_finalists(tmp_path, "postln", args), [1, 2]) == [1, 2]
+    with pytest.raises(SystemExit):  # an arm that is not studied cannot be tuned
+        cs.parse_args(["--out", str(tmp_path), "--arms", "tfixup", "--tuned", "postln=0.001,0.1,400"])
+    with pytest.raises(SystemExit):
+        cs.parse_args(["--out", str(tmp_path), "--tuned", "postln=0.001,0.1"])
 
 
 def test_a_dry_run_names_the_arm_and_override_that_do_not_compose(cs: ModuleType, tmp_path: Path,

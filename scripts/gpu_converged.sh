@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The converged comparison in one GPU window (issue 26): scripts/converged_study.py --preset gpu at 3+3 layers (the
+# arms the CPU studies tuned, each at its setting, seeds 1 2 3) and at 12+12 (the same settings, seeds DEEP_SEEDS),
+# both at once on one GPU, for at most T_STUDY seconds. Then both studies are stopped (a run saves and resumes),
+# replotted, and their tables, figures and records (no checkpoints) are written to OUT.
+#
+#   scripts/gpu_converged.sh OUT                 # one GPU -> OUT/report.md
+#   scripts/gpu_converged.sh --cpu-dry-run OUT   # a tiny model on a 400-sentence corpus on CPU: checks the script
+#
+# The studies live in STUDY_DIR (default outputs/gpu_converged, ignored by git), so the same command again on the
+# same machine (the device machine while it is warm) resumes them: ended runs do not train again, scored decodes
+# are not redone. OUT gets report.md (both tables and where each study stands), converged_3.tar.gz and
+# converged_12.tar.gz (study.json, converged_study.md and the figures, each run's metrics.jsonl, train.log and test
+# decodes), study_3.log and study_12.log, and gpu.log (nvidia-smi every 10 s: utilization and memory).
+# Settings: T_STUDY (seconds of training, default 480), DEPTHS (default "3 12"; "3" alone gives the 3+3 runs the
+# whole GPU), DEEP_SEEDS (default "1"), DATA_DIR (default ../shared/data/multi30k, else .gpu_data/multi30k),
+# STUDY_DIR, STUDY_ARGS (more converged_study.py options for both studies, e.g. "--patience 5": docs/methods.md
+# found patience 3 too short on the GPU), WHEELS (as in scripts/gpu_check.sh), PYTHON.
+#
+# On this workplace's device machine: the wheels of scripts/gpu_check.sh's header, and the corpus, which does not
+# travel from ../shared (data/cache, the encoded corpus, saves each run a few seconds):
+#   mkdir -p .gpu_data && cp -r ../shared/data/multi30k .gpu_data/ && echo /.gpu_data/ >> .git/info/exclude
+# then one device call, carry [".whl", ".gpu_data", "data/cache"], timeout_s 600 (T_STUDY plus at most 90 s):
+#   WHEELS=.whl PYTHON=python3 PYTHONUNBUFFERED=1 bash scripts/gpu_converged.sh $OUT
+set -uo pipefail
+
+usage() { echo "usage: $0 [--cpu-dry-run] OUT_DIR" >&2; exit 2; }
+dry=0
+if [[ "${1:-}" == "--cpu-dry-run" ]]; then dry=1; shift; fi
+[[ $# -eq 1 && "$1" != -* ]] || usage
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mkdir -p "$1" || { echo "error: cannot create $1: pass a writable OUT_DIR" >&2; exit 1; }
+out="$(cd "$1" && pwd)"
+export PYTHONPATH="${repo}${PYTHONPATH:+:${PYTHONPATH}}"
+py="${PYTHON:-python}"
+cd "${repo}" || exit 1
+
+if [[ -n "${WHEELS:-}" ]]; then  # packages the machine's Python lacks (scripts/gpu_check.sh's header)
+    "${py}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tfx_site \
+        "${WHEELS}"/*.whl || { echo "error: installing the wheels in ${WHEELS} failed" >&2; exit 1; }
+    export PYTHONPATH="/tmp/tfx_site:${PYTHONPATH}"
+fi
+if [[ ${dry} == 0 ]] && ! "${py}" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+    echo "error: no CUDA device here; run scripts/gpu_converged.sh --cpu-dry-run OUT_DIR to check the script" >&2
+    exit 1
+fi
+
+data="${DATA_DIR:-}"
+if [[ -z "${data}" ]]; then
+    data="${repo}/../shared/data/multi30k"
+    [[ -f "${data}/train.de" ]] || data="${repo}/.gpu_data/multi30k"
+fi
+[[ -f "${data}/train.de" ]] || { echo "error: no Multi30k in ${data}: set DATA_DIR (see the header)" >&2; exit 1; }
+studies="${STUDY_DIR:-${repo}/outputs/gpu_converged}"
+t_study=${T_STUDY:-480}
+read -r -a deep_seeds <<< "${DEEP_SEEDS:-1}"
+read -r -a extra <<< "${STUDY_ARGS:-}"
+common=(--preset gpu "${extra[@]}")
+if [[ ${dry} == 1 ]]; then  # the same commands: a tiny model and corpus, CPU, fp32, two arms, a short box
+    t_study=${T_STUDY:-150}
+    studies="${STUDY_DIR:-${out}/studies}"
+    tiny="${out}/tiny_corpus"
+    mkdir -p "${tiny}"
+    for lang in de en; do
+        head -n 400 "${data}/train.${lang}" > "${tiny}/train.${lang}"
+        for split in valid test test_2017_flickr test_2018_flickr; do
+            head -n 30 "${data}/${split}.${lang}" > "${tiny}/${split}.${lang}"
+        done
+    done
+    data="${tiny}"
+    common+=(--arms tfixup postln --max-epochs 3 --patience 1 model.d_model=16 model.ffn_dim=32 model.heads=2
+        data.vocab_size=200 data.max_tokens=512 train.device=cpu train.precision=fp32)
+fi
+mkdir -p "${studies}"
+
+monitor=""
+if [[ ${dry} == 0 ]] && command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,memory.total --format=csv -l 10 \
+        > "${out}/gpu.log" 2>&1 &
+    monitor=$!
+fi
+
+start=$(date +%s)
+pids=()
+read -r -a depths <<< "${DEPTHS:-3 12}"
+for name in "${depths[@]}"; do
+    layers=(--layers "${name}")
+    [[ ${dry} == 1 && ${name} -gt 3 ]] && layers=(--layers 2)  # the deeper table, tiny
+    [[ ${name} != 3 ]] && layers+=(--seeds "${deep_seeds[@]}")
+    # its own process group, so that the stop below reaches the study and nothing else
+    setsid "${py}" scripts/converged_study.py --out "${studies}/converged_${name}" --data-dir "${data}" \
+        "${common[@]}" "${layers[@]}" > "${out}/study_${name}.log" 2>&1 &
+    pids+=($!)
+done
+echo "== studies started (layers ${depths[*]}; pids ${pids[*]}), at most ${t_study} s" >&2
+
+alive() { local pid; for pid in "${pids[@]}"; do kill -0 "${pid}" 2> /dev/null && return 0; done; return 1; }
+while alive && (($(date +%s) - start < t_study)); do sleep 5; done
+if alive; then  # the box ended: each study stops its runs, which save checkpoint_last and can resume
+    echo "== box of ${t_study} s ended: stopping the studies" >&2
+    for pid in "${pids[@]}"; do kill -TERM "${pid}" 2> /dev/null; done
+    for _ in $(seq 60); do alive || break; sleep 1; done
+    for pid in "${pids[@]}"; do kill -KILL -- "-${pid}" 2> /dev/null; done
+fi
+codes=()
+for pid in "${pids[@]}"; do wait "${pid}"; codes+=($?); done
+elapsed=$(($(date +%s) - start))
+[[ -n "${monitor}" ]] && kill "${monitor}" 2> /dev/null
+
+machine="$("${py}" -c 'import platform, torch
+print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.machine()})",
+      f"| torch {torch.__version__}")')"
+{
+    echo "# tfx converged comparison, GPU window$([[ ${dry} == 1 ]] && echo " (CPU dry run: tiny sizes)")"
+    echo
+    echo "${machine} | $(date -u '+%Y-%m-%d %H:%M UTC') | ${elapsed} s (box ${t_study} s) | exit codes by" \
+        "depth: ${codes[*]} (0: every run ended; otherwise the same command resumes)"
+    for name in "${depths[@]}"; do
+        study="${studies}/converged_${name}"
+        echo
+        echo "## converged_${name}"
+        echo
+        if [[ -f "${study}/study.json" ]]; then
+            "${py}" scripts/converged_study.py --out "${study}" --replot > /dev/null 2> "${out}/replot_${name}.err" \
+                && cat "${study}/converged_study.md" || echo "(replot failed: $(tail -n 1 "${out}/replot_${name}.err"))"
+            echo
+            echo "Where each run stands (valid BLEU per epoch; \`...\`: still training when the box ended):"
+            echo
+            for run in "${study}"/runs/final/*/seed*; do
+                [[ -f "${run}/metrics.jsonl" ]] || continue
+                "${py}" - "${run}" <<'PY'
+import json, sys
+from pathlib import Path
+
+run = Path(sys.argv[1])
+records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+bleu = {r["step"]: r["valid/bleu"] for r in records if r["event"] == "valid"}
+ends = [r["status"] for r in records if r["event"] == "end"]
+state = ends[-1] if ends else "..."
+print(f"- {run.parent.name}/{run.name}: {' '.join(f'{b:.2f}' for _, b in sorted(bleu.items()))} [{state}]")
+PY
+            done
+            tar -czf "${out}/converged_${name}.tar.gz" -C "${study}" --exclude='*.pt' --exclude='tb' . \
+                || echo "(tar of ${study} failed)"
+        else
+            echo "(no study.json: the study did not start; see study_${name}.log)"
+        fi
+    done
+} > "${out}/report.md.tmp" && mv "${out}/report.md.tmp" "${out}/report.md"
+rm -f "${out}"/replot_*.err
+[[ ${dry} == 1 ]] && rm -rf "${out}/tiny_corpus"
+cat "${out}/report.md"
+[[ "${codes[*]}" =~ ^[0\ ]+$ ]]  # every study ended

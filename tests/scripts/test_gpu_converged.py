@@ -1,0 +1,45 @@
+"""scripts/gpu_converged.sh on CPU (--cpu-dry-run, a tiny model on 400 Multi30k sentences, fp32): both studies
+start, are stopped at the end of the box, and the report and the records without checkpoints come back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "scripts" / "gpu_converged.sh"
+
+
+@pytest.mark.slow
+@pytest.mark.fixed_precision
+def test_a_box_that_ends_stops_both_studies_and_returns_their_reports_and_records(shared_data: Path,
+                                                                                 tmp_path: Path) -> None:  # fmt: skip
+    out, studies = tmp_path / "out", tmp_path / "studies"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "T_STUDY": "25", "STUDY_DIR": str(studies),
+           "DATA_DIR": str(shared_data / "multi30k")}  # fmt: skip
+    proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", str(out)], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    report = (out / "report.md").read_text()
+    assert proc.returncode == 1, proc.stderr[-2000:] + report  # stopped by the box: the same command resumes
+    assert "box of 25 s ended: stopping the studies" in proc.stderr
+    for depth, layers in (("3", "3+3"), ("12", "2+2")):  # the deeper table runs tiny (2+2) in a dry run
+        section = report.split(f"## converged_{depth}\n")[1]
+        assert f"# Converged comparison: Multi30k de-en, {layers} layers" in section
+        assert "tuned elsewhere, a grid of one setting: tfixup lr0.0005_d0.3_w0, postln lr0.001_d0.1_w400" in section
+        table = section.split("Finalists (seed 1")[0]  # the arms' table, before the finalists'
+        for arm in {line[2:].split("_lr")[0] for line in section.splitlines() if line.startswith("- ")}:
+            assert f"| {arm} | " in table  # a tuned arm's row is there once it trains, not once its seeds end
+        with tarfile.open(out / f"converged_{depth}.tar.gz") as tar:
+            names = tar.getnames()
+        assert "./study.json" in names and "./converged_study.md" in names
+        assert any(n.endswith("metrics.jsonl") for n in names)
+        assert not any(n.endswith(".pt") for n in names)  # records, not checkpoints
+        assert any(p.suffix == ".pt" for p in (studies / f"converged_{depth}").rglob("*.pt"))  # kept to resume
+    runs = [line for line in report.splitlines() if line.startswith("- ")]
+    assert runs and all(line.endswith(("[...]", "[stopped by SIGTERM]")) for line in runs), report  # none ended
+    assert not any(p.name.startswith("replot_") for p in out.iterdir())
