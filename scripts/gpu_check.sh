@@ -46,27 +46,8 @@
 # ($OUT/report.md and the 5 logs in $OUT/logs/ come back: at most 8 files, 2 folders down, are returned.)
 set -uo pipefail
 
-usage() { echo "usage: $0 [--cpu-dry-run] OUT_DIR" >&2; exit 2; }
-dry=0
-if [[ "${1:-}" == "--cpu-dry-run" ]]; then dry=1; shift; fi
-[[ $# -eq 1 && "$1" != -* ]] || usage
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-mkdir -p "$1/logs" || { echo "error: cannot create $1/logs: pass a writable OUT_DIR" >&2; exit 1; }
-out="$(cd "$1" && pwd)"
-export PYTHONPATH="${repo}${PYTHONPATH:+:${PYTHONPATH}}"
-py="${PYTHON:-python}"
-cd "${repo}" || exit 1
-
-if [[ -n "${WHEELS:-}" ]]; then  # packages the machine's Python lacks (see the header)
-    "${py}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tfx_site \
-        "${WHEELS}"/*.whl || { echo "error: installing the wheels in ${WHEELS} failed" >&2; exit 1; }
-    export PYTHONPATH="/tmp/tfx_site:${PYTHONPATH}"
-fi
-
-if [[ ${dry} == 0 ]] && ! "${py}" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
-    echo "error: no CUDA device here; run scripts/gpu_check.sh --cpu-dry-run OUT_DIR to check the script on CPU" >&2
-    exit 1
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/device_prelude.sh" "$@"
+mkdir -p "${out}/logs" || exit 1
 
 if [[ ${dry} == 1 ]]; then  # tiny sizes, CPU, one thread, fp32, eager backend (trace only): the same commands
     device=cpu

@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO
 
@@ -43,3 +44,16 @@ def test_a_box_that_ends_stops_both_studies_and_returns_their_reports_and_record
     runs = [line for line in report.splitlines() if line.startswith("- ")]
     assert runs and all(line.endswith(("[...]", "[stopped by SIGTERM]")) for line in runs), report  # none ended
     assert not any(p.name.startswith("replot_") for p in out.iterdir())
+
+
+def test_without_a_gpu_or_an_out_dir_it_says_so_in_one_line_and_exits_non_zero(tmp_path: Path) -> None:
+    """The arguments and the CUDA check of scripts/device_prelude.sh, which gpu_check.sh shares (CPU only)."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: the script would start the studies")
+    usage = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    assert (usage.returncode, usage.stderr) == (2, "usage: gpu_converged.sh [--cpu-dry-run] OUT_DIR\n")
+    no_gpu = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert no_gpu.returncode == 1
+    assert no_gpu.stderr == ("error: no CUDA device here; run scripts/gpu_converged.sh --cpu-dry-run OUT_DIR to check "
+                             "the script on CPU\n")  # fmt: skip
+    assert not (tmp_path / "out" / "report.md").exists()
