@@ -5,7 +5,9 @@ arm's waiting run (``tfx.studies.queue``): arms still finish in order, so an int
 a later arm trains on the slots an earlier one leaves idle (its long finalist still training, say):
 
 1. **Grid** (``--grid-epochs`` epochs, seed 1): peak lr (``--lrs``) x dropout (``--dropouts``) x warmup updates
-   (``--warmups``; an arm whose method trains without warmup keeps 0 only), greedy valid BLEU each epoch.
+   (``--warmups``; an arm whose method trains without warmup keeps 0 only), greedy valid BLEU each epoch. An arm
+   tuned elsewhere (``--tuned ARM=LR,DROPOUT,WARMUP``; the GPU preset's arms, at the settings their CPU studies
+   chose) has a grid of that one setting; its other seeds start when that run ends, beside seed 1.
 2. **Finalists** (seed 1): per peak lr and dropout, the grid's best warmup, trained on to convergence: until valid
    BLEU has not improved for ``--patience`` epochs (``train.patience``) or ``--max-epochs``; numbered checkpoints
    each epoch. The finalist with the best valid BLEU is the arm's setting. Why not take the grid's best outright:
