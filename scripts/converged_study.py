@@ -658,6 +658,8 @@ def run_study(args: argparse.Namespace) -> int:
     fresh = {"arms": [], "overrides": shared_overrides(args), "args": saved, "settings": {}, "wall_seconds": 0.0}
     if (study := open_study(path, fresh, args.arms)) is None:
         return 2
+    # an arm tuned elsewhere that this run adds: the report draws its grid (of one) from the recorded args
+    study["args"]["tuned"] = {**study["args"].get("tuned", {}), **saved["tuned"]}
 
     lock, queue = threading.Lock(), RunQueue(args.jobs, CHECKOUT, len(args.arms))
 

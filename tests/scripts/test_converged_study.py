@@ -4,6 +4,7 @@ run would train), decodes, reports and resumes without redoing work. CPU, fp32."
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import shutil
@@ -108,6 +109,9 @@ class _RecordingQueue:
                  capture: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
         self.cmds.append(cmd)
         return subprocess.CompletedProcess(cmd, 0)
+
+    def done(self, priority: int) -> None:  # an arm's stages ended: nothing waits on its slots here
+        pass
 
 
 def test_a_re_run_trains_again_only_the_runs_that_were_stopped_or_never_started(cs: ModuleType,
@@ -254,6 +258,28 @@ def test_the_report_tests_each_arm_against_the_first_by_paired_bootstrap_seed_by
     assert cs.significance_lines(tmp_path, {"settings": {"tfixup": settings["tfixup"]}}, args) == []
     elsewhere = cs.parse_args(["--seeds", "1", "--data-dir", str(tmp_path / "moved")])  # replotted without data
     assert cs.significance_lines(tmp_path, {"settings": settings}, elsewhere)[-1] == "| postln | 1 | — | — |"
+
+
+def test_an_arm_tuned_elsewhere_added_to_a_recorded_study_is_reported_with_its_grid_of_one(
+    cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DeepNorm's study recorded its args; a later run adds T-Fixup with --tuned. The report reads the recorded
+    args, so they gain T-Fixup's setting: its grid is that one run, not lrs x dropouts with empty cells (CPU, the
+    queue stubbed: no training)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ["train", "valid", *cs.TEST_SETS]:
+        for lang in ("de", "en"):
+            (data / f"{name}.{lang}").write_text("x\n")
+    monkeypatch.setattr(cs, "RunQueue", lambda *a: _RecordingQueue())
+    base = ["--out", str(tmp_path / "study"), "--data-dir", str(data), "--lrs", "0.001", "--dropouts", "0.3",
+            "--warmups", "400"]  # fmt: skip
+    cs.run_study(cs.parse_args([*base, "--arms", "deepnorm"]))
+    cs.run_study(cs.parse_args([*base, "--arms", "deepnorm", "tfixup", "--tuned", "tfixup=5e-4,0.3,0"]))
+    recorded = argparse.Namespace(**json.loads((tmp_path / "study" / "study.json").read_text())["args"])
+    assert cs.grid_settings("tfixup", recorded) == [(5e-4, 0.3, 0)]
+    assert cs.grid_settings("deepnorm", recorded) == [(0.001, 0.3, 400)]
+    assert "| 0.0005 | 0.3 | **30.00 / 31.00** |" in cs.write_report(tmp_path / "study")
 
 
 def test_a_study_that_added_its_arms_later_reports_t_fixup_first(cs: ModuleType) -> None:
