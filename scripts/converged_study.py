@@ -23,10 +23,11 @@ a later arm trains on the slots an earlier one leaves idle (its long finalist st
 
 Outputs in ``--out``: ``converged_study.md`` (mean +- std over seeds and each seed's value, epochs to the best valid
 score, the chosen setting, each arm against T-Fixup by paired bootstrap on every test decode, every finalist's valid
-BLEU, each arm's grid, wall time), ``converged_study.png`` (valid BLEU per epoch, the mean per arm with the seeds'
-range as a band, the other finalists dashed), ``converged_grid.png`` (each arm's grid as a heatmap: what its lr,
-dropout and warmup were chosen from), ``study.json`` and ``runs/`` (one TensorBoard folder). Everything resumes: run
-the same command again after an interruption; finished runs do not train again and scored decodes are not redone.
+BLEU, each arm's grid, where each run stands, wall time), ``converged_study.png`` (valid BLEU per epoch, the mean
+per arm with the seeds' range as a band, the other finalists dashed), ``converged_grid.png`` (each arm's grid as a
+heatmap: what its lr, dropout and warmup were chosen from), ``study.json`` and ``runs/`` (one TensorBoard folder).
+Everything resumes: run the same command again after an interruption; finished runs do not train again and scored
+decodes are not redone.
 ``--replot`` rewrites table and figures from the run folders. ``--layers 12`` is the deeper table (12 + 12
 layers, d 256); ``--direction en-de`` the other direction. The study harness is ``tfx.studies``: tfx must be
 installed (``pip install -e ".[study]"``).
@@ -96,7 +97,7 @@ def shared_overrides(args: argparse.Namespace) -> list[str]:
 
 def grid_settings(arm: str, args: argparse.Namespace) -> list[Setting]:
     """An arm's grid: its ``--tuned`` setting alone, or lr x dropout x warmup (warmup 0 for a warmup-free method)."""
-    if tuned := getattr(args, "tuned", {}).get(arm):  # a study recorded before --tuned existed has none
+    if tuned := args.tuned.get(arm):
         return [tuple(tuned)]
     warmups = [0] if ARMS[arm][0] in WARMUP_FREE else args.warmups
     return [(lr, d, w) for lr in args.lrs for d in args.dropouts for w in warmups]
@@ -369,7 +370,7 @@ def in_arm_order(by_arm: dict[str, Any]) -> dict[str, Any]:
 def write_report(out: Path) -> str:
     study = json.loads((out / "study.json").read_text())
     study["settings"], study["finalists"] = in_arm_order(study["settings"]), in_arm_order(study.get("finalists", {}))
-    args = argparse.Namespace(**study["args"])
+    args = argparse.Namespace(**{"tuned": {}, **study["args"]})  # a study recorded before --tuned existed has none
     lines = [
         f"# Converged comparison: Multi30k {args.direction}, {args.layers}+{args.layers} layers, seeds {args.seeds}",
         "",
@@ -413,6 +414,7 @@ def write_report(out: Path) -> str:
                      mark]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     lines += grid_lines(out, study, args)
+    lines += run_lines(out)
     text = "\n".join(lines) + "\n"
     (out / "converged_study.md").write_text(text)
     plot(out, study, args)
@@ -420,11 +422,25 @@ def write_report(out: Path) -> str:
     return text
 
 
+def run_lines(out: Path) -> list[str]:
+    """Where each converged run stands: its valid BLEU per epoch and how it ended (`...`: still training or
+    stopped before it ended), so a study stopped mid-way (a GPU window's box) shows what each run reached."""
+    runs = sorted((out / "runs" / "final").glob("*/seed*"))
+    if not runs:
+        return []
+    lines = ["", "Where each run stands (greedy valid BLEU per epoch; how it ended, `...` while it has not):", ""]
+    for run in runs:
+        curve = " ".join(f"{b:.2f}" for b in valid_curve(run))
+        lines.append(f"- {run.parent.name}/{run.name}: {curve} [{end_status(run) or '...'}]")
+    return lines
+
+
 def tuned_text(args: argparse.Namespace) -> str:
     """The report's words for the arms whose setting was tuned elsewhere (``--tuned``), if any."""
-    if not (tuned := getattr(args, "tuned", {})):
+    if not args.tuned:
         return ""
-    return "; tuned elsewhere, a grid of one setting: " + ", ".join(f"{a} {setting_name(*s)}" for a, s in tuned.items())
+    return "; tuned elsewhere, a grid of one setting: " + ", ".join(
+        f"{a} {setting_name(*s)}" for a, s in args.tuned.items())  # fmt: skip
 
 
 def grid_cells(out: Path, arm: str, args: argparse.Namespace) -> dict[tuple[float, float], dict[int, list[float]]]:

@@ -104,23 +104,6 @@ print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({pl
         if [[ -f "${study}/study.json" ]]; then
             "${py}" scripts/converged_study.py --out "${study}" --replot > /dev/null 2> "${out}/replot_${name}.err" \
                 && cat "${study}/converged_study.md" || echo "(replot failed: $(tail -n 1 "${out}/replot_${name}.err"))"
-            echo
-            echo "Where each run stands (valid BLEU per epoch; \`...\`: still training when the box ended):"
-            echo
-            for run in "${study}"/runs/final/*/seed*; do
-                [[ -f "${run}/metrics.jsonl" ]] || continue
-                "${py}" - "${run}" <<'PY'
-import json, sys
-from pathlib import Path
-
-run = Path(sys.argv[1])
-records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
-bleu = {r["step"]: r["valid/bleu"] for r in records if r["event"] == "valid"}
-ends = [r["status"] for r in records if r["event"] == "end"]
-state = ends[-1] if ends else "..."
-print(f"- {run.parent.name}/{run.name}: {' '.join(f'{b:.2f}' for _, b in sorted(bleu.items()))} [{state}]")
-PY
-            done
             tar -czf "${out}/converged_${name}.tar.gz" -C "${study}" --exclude='*.pt' --exclude='tb' . \
                 || echo "(tar of ${study} failed)"
         else
