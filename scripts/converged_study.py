@@ -276,15 +276,17 @@ def average_command(run: Path) -> list[str] | None:
 
 
 def decode_commands(args: argparse.Namespace, run: Path) -> list[list[str]]:
-    """The beam-5 decodes of a finished run that are not scored yet."""
+    """The beam-5 decodes of a finished run that are not scored yet: one process per checkpoint (best, average), which
+    loads it once and decodes each test set not scored yet."""
     src, tgt = args.direction.split("-")
-    py, cmds = sys.executable, []
+    cmds = []
     for kind, name in KINDS.items():
-        for test in TEST_SETS:
-            if not score_path(run, kind, test).exists():
-                cmds.append([py, "-m", "tfx.evaluate", str(run / name), "--src", str(args.data_dir / f"{test}.{src}"),
-                             "--ref", str(args.data_dir / f"{test}.{tgt}"), "--beam", "5", "--tok-bleu", "--quiet",
-                             "--output", str(hyp_path(run, kind, test))])  # fmt: skip
+        if tests := [test for test in TEST_SETS if not score_path(run, kind, test).exists()]:
+            cmds.append([sys.executable, "-m", "tfx.evaluate", str(run / name),
+                         "--src", *(str(args.data_dir / f"{test}.{src}") for test in tests),
+                         "--ref", *(str(args.data_dir / f"{test}.{tgt}") for test in tests),
+                         "--output", *(str(hyp_path(run, kind, test)) for test in tests),
+                         "--beam", "5", "--tok-bleu", "--quiet"])  # fmt: skip
     return cmds
 
 

@@ -7,13 +7,15 @@
 #   scripts/gpu_converged.sh OUT                 # one GPU -> OUT/report.md
 #   scripts/gpu_converged.sh --cpu-dry-run OUT   # a tiny model on a 400-sentence corpus on CPU: checks the script
 #
-# The studies live in STUDY_DIR (default outputs/gpu_converged, ignored by git), so the same command again on the
-# same machine (the device machine while it is warm) resumes them: ended runs do not train again, scored decodes
-# are not redone. OUT gets report.md (both tables and where each study stands), converged_3.tar.gz and
+# The studies live in STUDY_DIR (default: /dev/shm/tfx_gpu_converged where /dev/shm has 48 GB free, since 30 runs
+# write checkpoints every few seconds; else outputs/gpu_converged, ignored by git; a folder left by an earlier call
+# is used again), so the same command again on the same machine (the device machine while it is warm) resumes them:
+# ended runs do not train again, scored decodes are not redone. The processes share the GPU through MPS
+# (device_prelude.sh's start_mps; MPS=0: time-slicing, as the 2026-12-04 window did). OUT gets report.md (both tables and where each study stands), converged_3.tar.gz and
 # converged_12.tar.gz (study.json, converged_study.md and the figures, each run's metrics.jsonl, train.log and test
 # decodes), study_3.log and study_12.log, and gpu.log (nvidia-smi every 10 s: utilization and memory).
 # Settings: T_STUDY (seconds of training, default 480), DEPTHS (default "3 12"; "3" alone gives the 3+3 runs the
-# whole GPU), DEEP_SEEDS (default "1"), DATA_DIR (default ../shared/data/multi30k, else .gpu_data/multi30k),
+# whole GPU), DEEP_SEEDS (default "1 2 3"), DATA_DIR (default ../shared/data/multi30k, else .gpu_data/multi30k),
 # STUDY_DIR, STUDY_ARGS (more converged_study.py options for both studies, e.g. "--patience 5": docs/methods.md
 # found patience 3 too short on the GPU), WHEELS (as in scripts/gpu_check.sh), PYTHON.
 #
@@ -32,9 +34,16 @@ if [[ -z "${data}" ]]; then
     [[ -f "${data}/train.de" ]] || data="${repo}/.gpu_data/multi30k"
 fi
 [[ -f "${data}/train.de" ]] || { echo "error: no Multi30k in ${data}: set DATA_DIR (see the header)" >&2; exit 1; }
-studies="${STUDY_DIR:-${repo}/outputs/gpu_converged}"
+shm=/dev/shm/tfx_gpu_converged disk="${repo}/outputs/gpu_converged"
+shm_free_gb=$(df --output=avail -BG /dev/shm 2> /dev/null | tail -n 1 | tr -dc 0-9)
+if [[ -n "${STUDY_DIR:-}" ]]; then studies="${STUDY_DIR}"
+elif [[ -d "${shm}" ]]; then studies="${shm}"
+elif [[ -d "${disk}" ]]; then studies="${disk}"
+elif ((${shm_free_gb:-0} >= 48)); then studies="${shm}"
+else studies="${disk}"
+fi
 t_study=${T_STUDY:-480}
-read -r -a deep_seeds <<< "${DEEP_SEEDS:-1}"
+read -r -a deep_seeds <<< "${DEEP_SEEDS:-1 2 3}"
 read -r -a extra <<< "${STUDY_ARGS:-}"
 common=(--preset gpu "${extra[@]}")
 if [[ ${dry} == 1 ]]; then  # the same commands: a tiny model and corpus, CPU, fp32, two arms, a short box
@@ -53,12 +62,18 @@ if [[ ${dry} == 1 ]]; then  # the same commands: a tiny model and corpus, CPU, f
         data.vocab_size=200 data.max_tokens=512 train.device=cpu train.precision=fp32)
 fi
 mkdir -p "${studies}"
+echo "== studies in ${studies}" >&2
+sharing="time-slicing"
+if [[ ${dry} == 0 && ${MPS:-1} == 1 ]] && start_mps /tmp/tfx_mps; then sharing="MPS"; fi
+trap stop_mps EXIT
 
-monitor=""
+monitor="" snapshot=""
 if [[ ${dry} == 0 ]] && command -v nvidia-smi > /dev/null; then
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,memory.total --format=csv -l 10 \
         > "${out}/gpu.log" 2>&1 &
     monitor=$!
+    (sleep 90 && nvidia-smi > "${out}/nvidia-smi.txt" 2>&1) &  # the processes, once every run has started
+    snapshot=$!
 fi
 
 start=$(date +%s)
@@ -86,7 +101,7 @@ fi
 codes=()
 for pid in "${pids[@]}"; do wait "${pid}"; codes+=($?); done
 elapsed=$(($(date +%s) - start))
-[[ -n "${monitor}" ]] && kill "${monitor}" 2> /dev/null
+[[ -n "${monitor}" ]] && kill "${monitor}" "${snapshot}" 2> /dev/null
 
 machine="$("${py}" -c 'import platform, torch
 print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.machine()})",
@@ -95,7 +110,7 @@ print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({pl
     echo "# tfx converged comparison, GPU window$([[ ${dry} == 1 ]] && echo " (CPU dry run: tiny sizes)")"
     echo
     echo "${machine} | $(date -u '+%Y-%m-%d %H:%M UTC') | ${elapsed} s (box ${t_study} s) | exit codes by" \
-        "depth: ${codes[*]} (0: every run ended; otherwise the same command resumes)"
+        "depth: ${codes[*]} (0: every run ended; otherwise the same command resumes) | GPU shared by ${sharing}"
     for name in "${depths[@]}"; do
         study="${studies}/converged_${name}"
         echo

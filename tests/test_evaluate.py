@@ -44,6 +44,28 @@ def test_script_prints_bleu_with_signature(tmp_path: Path) -> None:
     assert report["scores"][0]["signature"].startswith(SIGNATURE) and report["decoding"]["beam"] == 2
 
 
+def test_several_test_sets_in_one_call_score_as_separate_calls_do(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+    """--src/--ref/--output with two test sets: the model loads once, and each set's hypotheses and scores are those a
+    call of its own writes (beam 2, fp32 on CPU); mismatched counts are a usage error."""
+    ckpt = write_checkpoint(tmp_path / "ckpt" / "checkpoint_best.pt")
+    (src_a, ref_a), (src_b, ref_b) = write_parallel(tmp_path / "a", "test", n=6), write_parallel(tmp_path / "b", "t", 4)
+    common = ["--beam", "2", "--tok-bleu", "--quiet", "--device", "cpu"]
+    both = [tmp_path / "both_a.hyp", tmp_path / "both_b.hyp"]
+    args = [str(ckpt), "--src", str(src_a), str(src_b), "--ref", str(ref_a), str(ref_b), "--output", *map(str, both)]
+    assert evaluate.main([*args, *common]) == 0
+    assert capsys.readouterr().out.count("split: ") == 2
+    for (src, ref), hyp in zip([(src_a, ref_a), (src_b, ref_b)], both, strict=True):
+        alone = tmp_path / f"alone_{hyp.name}"
+        assert evaluate.main([str(ckpt), "--src", str(src), "--ref", str(ref), "--output", str(alone), *common]) == 0
+        assert hyp.read_text() == alone.read_text() and len(hyp.read_text().splitlines()) in (6, 4)
+        scores = [json.loads(p.with_suffix(".bleu.json").read_text())["scores"] for p in (hyp, alone)]
+        assert scores[0] == scores[1]
+    with pytest.raises(SystemExit) as usage:
+        evaluate.main([str(ckpt), "--src", str(src_a), str(src_b), "--ref", str(ref_a), *common])
+    assert usage.value.code == 2 and "--ref needs one file per --src (2), got 1" in capsys.readouterr().err
+
+
 def test_script_missing_checkpoint_fails(tmp_path: Path) -> None:
     src, ref = write_parallel(tmp_path, "test")
     result = eval_bleu(str(tmp_path / "nowhere.pt"), "--src", str(src), "--ref", str(ref), cwd=tmp_path)

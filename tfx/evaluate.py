@@ -3,6 +3,7 @@
     python -m tfx.evaluate outputs/RUN                       # checkpoint_best.pt, the run's test split
     python -m tfx.evaluate outputs/RUN --avg 5 --tok-bleu    # average the last 5 numbered checkpoints first
     python -m tfx.evaluate ckpt.pt --src test.de --ref test.en
+    python -m tfx.evaluate ckpt.pt --src a.de b.de --ref a.en b.en --output a.hyp b.hyp  # one model load, two sets
     python -m tfx.evaluate ckpt.pt --src test.de --ref fairseq/test.en --refs-tokenized --compound-split
 
 The split comes from the run's own data config (``config["data"]`` in the checkpoint): local files
@@ -67,38 +68,52 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("target", type=Path, help="a checkpoint file or a run folder")
     parser.add_argument("--split", default="test", choices=("valid", "test"), help="split of the run's dataset")
     parser.add_argument("--avg", type=int, help="average the last N numbered checkpoints of the run first")
-    parser.add_argument("--src", type=Path, help="raw source file (instead of the run's split); needs --ref")
-    parser.add_argument("--ref", type=Path, help="raw reference file, line-aligned with --src")
+    parser.add_argument("--src", type=Path, nargs="+", help="raw source file(s), instead of the split; need --ref")
+    parser.add_argument("--ref", type=Path, nargs="+", help="raw reference file(s), line-aligned with --src, one each")
     parser.add_argument("--data-dir", type=Path, help="folder replacing the run's data.local_dir")
     add_scoring_args(parser)
-    parser.add_argument("--output", type=Path, help="hypothesis file (default: <ckpt_stem>.<split>.hyp beside it)")
+    parser.add_argument("--output", type=Path, nargs="+",
+                        help="hypothesis file, one per --src (default: <ckpt_stem>.<split>.hyp beside it)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_decoding_args(parser)
     args = parser.parse_args(argv)
     check_decoding_args(parser, args)
     if (args.src is None) != (args.ref is None):
         parser.error("--src and --ref go together")
+    sets = len(args.src) if args.src else 1
+    if args.src and len(args.ref) != sets:
+        parser.error(f"--ref needs one file per --src ({sets}), got {len(args.ref)}")
+    if args.output and len(args.output) != sets:
+        parser.error(f"--output needs one file per test set ({sets}), got {len(args.output)}")
     if args.avg is not None and args.avg < 1:
         parser.error("--avg must be >= 1")
     return args
 
 
-def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    """Translate and score; prints the report and returns what was written to the JSON file."""
+def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Load the checkpoint once, then translate and score each test set (``--src``/``--ref`` pairs, else the run's
+    split); prints each report and returns what was written to each JSON file."""
     ckpt_path = resolve_checkpoint(args.target, args.avg)
     device = resolve_device(args.device, setting="--device")
     model, tokenizer, config = load_model(ckpt_path, device)
     cfg = data_config(config, args.data_dir)
     if args.src is not None:
-        split_name = args.src.name
-        src, refs = read_parallel_text(args.src, args.ref)
+        sets = [(src.name, *read_parallel_text(src, ref)) for src, ref in zip(args.src, args.ref, strict=True)]
     else:
-        split_name = args.split
-        src, refs = split_texts(cfg, args.split, config.get("train", {}).get("seed", 1), tokenizer)
-    if not src:
-        raise DataError(f"{split_name}: no sentences to translate")
-    hyps = translate_with_args(model, tokenizer, src, args, device, progress=not args.quiet)
-    hyp_path = args.output or ckpt_path.with_name(f"{ckpt_path.stem}.{split_name}.hyp")
+        sets = [(args.split, *split_texts(cfg, args.split, config.get("train", {}).get("seed", 1), tokenizer))]
+    outputs = args.output or [ckpt_path.with_name(f"{ckpt_path.stem}.{name}.hyp") for name, _, _ in sets]
+    reports = []
+    for (split_name, src, refs), hyp_path in zip(sets, outputs, strict=True):
+        if not src:
+            raise DataError(f"{split_name}: no sentences to translate")
+        hyps = translate_with_args(model, tokenizer, src, args, device, progress=not args.quiet)
+        reports.append(_score(args, cfg, ckpt_path, split_name, src, refs, hyps, hyp_path))
+    return reports
+
+
+def _score(args: argparse.Namespace, cfg: Any, ckpt_path: Path, split_name: str, src: list[str], refs: list[str],
+           hyps: list[str], hyp_path: Path) -> dict[str, Any]:  # fmt: skip
+    """Write the hypotheses, score them, print the report and write it beside them as ``.bleu.json``."""
     write_text_atomic(hyp_path, hyps)
     # A run trained on tokenized text (data.tokenized) writes tokenized output; its own split is tokenized too.
     results = score_all(

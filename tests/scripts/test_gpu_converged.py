@@ -57,3 +57,50 @@ def test_without_a_gpu_or_an_out_dir_it_says_so_in_one_line_and_exits_non_zero(t
     assert no_gpu.stderr == ("error: no CUDA device here; run scripts/gpu_converged.sh --cpu-dry-run OUT_DIR to check "
                              "the script on CPU\n")  # fmt: skip
     assert not (tmp_path / "out" / "report.md").exists()
+
+
+def _start_mps(tmp_path: Path, daemon_starts: bool, client_works: bool | None) -> tuple[subprocess.CompletedProcess,
+                                                                                      str]:  # fmt: skip
+    """device_prelude.sh's start_mps with a fake nvidia-cuda-mps-control (and, unless None, a fake Python client):
+    (the shell's result, what the fake daemon was told)."""
+    bin_dir, told = tmp_path / "bin", tmp_path / "told.txt"
+    bin_dir.mkdir(parents=True)
+    fake = bin_dir / "nvidia-cuda-mps-control"
+    fake.write_text(f"""#!/usr/bin/env bash
+if [[ "${{1:-}}" == -d ]]; then echo daemon >> {told}; exit {0 if daemon_starts else 1}; fi
+while read -r line; do echo "${{line}}" >> {told}; [[ "${{line}}" == get_server_list ]] && echo 4242; done
+""")  # fmt: skip
+    fake.chmod(0o755)
+    python = "python"  # the real one: on a machine without CUDA its client check fails
+    if client_works is not None:
+        python = str(bin_dir / "fake_python")
+        Path(python).write_text(f"#!/usr/bin/env bash\nexit {0 if client_works else 1}\n")
+        Path(python).chmod(0o755)
+    pipe = "${CUDA_MPS_PIPE_DIRECTORY:-unset}"
+    script = (f"source scripts/device_prelude.sh --cpu-dry-run {tmp_path / 'out'}; start_mps {tmp_path / 'mps'}; "
+              f'echo "rc=$? pipe={pipe}"; stop_mps; echo "after={pipe}"')  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": python}
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, env=env, timeout=180)
+    return proc, told.read_text() if told.exists() else ""
+
+
+def test_mps_that_does_not_start_is_stopped_and_left_off_in_one_line(tmp_path: Path) -> None:
+    """A daemon that fails to start, or a CUDA client that fails under it: one line, the daemon told to quit, no MPS
+    variables left for the training processes (they time-slice the GPU). Shell logic only: CPU, fake daemon."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: the real Python client would succeed")
+    for daemon_starts, why in ((False, "the daemon did not start"), (True, "a CUDA client failed under it")):
+        proc, told = _start_mps(tmp_path / why.replace(" ", "_"), daemon_starts, client_works=None)
+        assert proc.stdout.splitlines() == ["rc=1 pipe=unset", "after=unset"], proc.stderr
+        assert proc.stderr.splitlines() == [f"== MPS: off ({why}; logs in {tmp_path / why.replace(' ', '_')}/mps/log): "
+                                            "the processes time-slice the GPU"]  # fmt: skip
+        assert told.splitlines()[0] == "daemon" and "quit" in told.splitlines()
+
+
+def test_mps_that_serves_a_client_stays_on_until_stopped(tmp_path: Path) -> None:
+    """The daemon starts and a client runs under it: on, the pipe folder exported for the training processes, the
+    server named; stop_mps tells it to quit and unsets the variables (fake daemon and client, CPU)."""
+    proc, told = _start_mps(tmp_path, daemon_starts=True, client_works=True)
+    assert proc.stdout.splitlines() == [f"rc=0 pipe={tmp_path}/mps/pipe", "after=unset"], proc.stderr
+    assert proc.stderr.splitlines() == ["== MPS: on (server 4242 )"]
+    assert told.splitlines() == ["daemon", "get_server_list", "quit"]
