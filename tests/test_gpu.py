@@ -66,6 +66,18 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     assert first + second == pytest.approx(full, rel=1e-3)
 
 
+def test_deterministic_runs_repeat_bitwise_on_the_device(tmp_path: Path) -> None:
+    """train.deterministic=true on the device, bf16, dropout on, with validation: no op on tfx's path lacks a
+    deterministic kernel (strict mode would raise), and two runs give the same losses to the last bit."""
+    try:
+        runs = [train(tiny_cfg(tmp_path, device=DEVICE, precision="bf16", max_updates=16, validate_every_updates=8,
+                               deterministic=True), tmp_path / name)["losses"] for name in ("a", "b")]  # fmt: skip
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+    assert len(runs[0]) == 16 and runs[0] == runs[1]
+
+
 def test_checkpoint_translates_on_the_device(tmp_path: Path) -> None:
     """A checkpoint written by a run on the device -> ``python -m tfx.translate --device`` = in-process CPU decoding."""
     cfg = tiny_cfg(tmp_path, device=DEVICE, max_updates=30)

@@ -126,6 +126,25 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     assert [r["step"] for r in valid] == [13, 24] and all(math.isfinite(r["valid/loss"]) for r in valid)
 
 
+def test_deterministic_mode_is_on_for_the_run_and_changes_nothing_on_cpu(tmp_path: Path) -> None:
+    """train.deterministic=true turns on PyTorch's strict deterministic mode before the model is built, and every op
+    of a run (training, label smoothing, validation's loss and greedy decoding) has a deterministic CPU kernel: the
+    losses equal the default run's bitwise (CPU, fp32). On CUDA it also fixes the attention backward's
+    summation order; no GPU here, so that half is untested (docs/training.md)."""
+    seen = []
+    try:
+        plain = train(tiny_cfg(tmp_path, max_updates=8, validate_every_updates=4), tmp_path / "plain")["losses"]
+        strict_cfg = tiny_cfg(tmp_path, max_updates=8, validate_every_updates=4, deterministic=True)
+        strict = train(strict_cfg, tmp_path / "strict", on_update=lambda *_: seen.append(
+            torch.are_deterministic_algorithms_enabled()))["losses"]  # fmt: skip
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+    assert seen == [True] * 8 and strict == plain
+    valid = [r for r in read_metrics(tmp_path / "strict" / FILENAME) if r["event"] == "valid"]
+    assert [r["step"] for r in valid] == [4, 8] and all(math.isfinite(r["valid/bleu"]) for r in valid)
+
+
 def test_output_probe_measures_the_logit_change_and_leaves_training_alone(tmp_path: Path) -> None:
     """probe/output_change is the RMS change of the fixed batch's logits per update; training is bit-identical."""
     plain = train(tiny_cfg(tmp_path, max_updates=4), tmp_path / "plain")["losses"]  # dropout 0.1: RNG in use
@@ -171,6 +190,32 @@ def test_a_diverged_sweep_point_ends_itself_not_the_sweep(tmp_path: Path, monkey
     with pytest.raises(SystemExit) as stopped:
         train_mod._main(node)
     assert stopped.value.code == 1
+
+
+def test_an_op_without_a_deterministic_kernel_is_one_line_under_deterministic_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PyTorch's strict mode raises for such an op (on CUDA, e.g. torch.cumsum): one line naming the setting, exit 1;
+    the same RuntimeError without train.deterministic is a bug and keeps its traceback. (The op is the error text
+    PyTorch gives, raised by a stand-in for training: CPU has no such op on tfx's path.)"""
+    from omegaconf import OmegaConf
+
+    message = ("cumsum_cuda_kernel does not have a deterministic implementation, but you set "
+               "'torch.use_deterministic_algorithms(True)'.\nSee the docs")  # fmt: skip
+
+    def strict_op(cfg: Config, run_dir: Path) -> None:
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(train_mod, "train", strict_op)
+    monkeypatch.setattr(train_mod, "_run_context", lambda: (tmp_path, False))
+    with pytest.raises(SystemExit) as stopped:
+        train_mod._main(OmegaConf.structured(tiny_cfg(tmp_path, deterministic=True)))
+    assert stopped.value.code == 1
+    assert caplog.messages[-1] == ("train.deterministic=true: cumsum_cuda_kernel does not have a deterministic "
+                                   "implementation, but you set 'torch.use_deterministic_algorithms(True)'; set "
+                                   "train.deterministic=false")  # fmt: skip
+    with pytest.raises(RuntimeError, match="cumsum_cuda_kernel"):
+        train_mod._main(OmegaConf.structured(tiny_cfg(tmp_path)))
 
 
 def test_tensorboard_tags(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ parameters. A resumed run skips the init: every weight comes from its checkpoint
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 
@@ -30,9 +31,16 @@ DROPOUT_SEED_STRIDE = 1_000_003
 
 
 def seed_everything(t: TrainConfig) -> None:
-    """Threads and the torch/python seeds, before anything draws a random number."""
+    """Threads, determinism and the torch/python seeds, before anything draws a random number or runs a GEMM."""
     if t.threads > 0:
         torch.set_num_threads(t.threads)
+    if t.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when the first cuBLAS handle is made
+        # Strict: with warn_only, PyTorch keeps e.g. the memory-efficient attention backward's split-key atomics
+        # (it only warns); strict mode makes it deterministic, and an op with no deterministic kernel raises
+        # (tfx.train reports that in one line).
+        torch.use_deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = False  # correct code never reads it; filling costs
     torch.manual_seed(t.seed)
     random.seed(t.seed)
 

@@ -189,6 +189,9 @@ class TrainConfig:
     """The loop: budget, validation, checkpoints, devices."""
 
     seed: int = 1  # seeds data order, init and dropout
+    # PyTorch's deterministic kernels (CUDA: e.g. the memory-efficient attention backward), so a GPU run repeats
+    # bitwise. Off by default: slower, and CPU runs repeat without it (docs/training.md)
+    deterministic: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto (bf16 where native, else fp32) | fp32 | bf16 | fp16 (dynamic loss scaling)
     threads: int = 0  # torch CPU threads; 0 = torch default

@@ -28,7 +28,8 @@ class _LabelSmoothedLoss(torch.autograd.Function):
         # fp32 even under bf16 autocast, so the loss itself is never low-precision.
         lprobs = F.log_softmax(logits.float(), dim=-1)  # (N, V)
         keep = target.ne(pad_id)  # (N,)
-        nll = F.nll_loss(lprobs, target, ignore_index=pad_id, reduction="sum")
+        # a gather, not F.nll_loss, whose CUDA sum has no deterministic kernel (train.deterministic refuses it)
+        nll = -(lprobs.gather(1, target[:, None]).squeeze(1) * keep).sum()
         smooth = -(lprobs.sum(dim=-1) * keep).sum() / lprobs.size(-1)
         ctx.save_for_backward(lprobs, target, keep)
         ctx.epsilon, ctx.logits_dtype = epsilon, logits.dtype

@@ -366,6 +366,11 @@ def _main(cfg_node: Any) -> float:
     except (DataError, CheckpointError, DeviceError, ShardingError, PrecisionError) as e:
         log.error("%s", e)
         sys.exit(1)
+    except RuntimeError as e:
+        if not (cfg.train.deterministic and "deterministic" in str(e)):
+            raise
+        log.error("train.deterministic=true: %s; set train.deterministic=false", str(e).splitlines()[0].rstrip("."))
+        sys.exit(1)
     return summary["best_bleu"]
 
 
