@@ -192,6 +192,20 @@ def test_a_diverged_sweep_point_ends_itself_not_the_sweep(tmp_path: Path, monkey
     assert stopped.value.code == 1
 
 
+def test_a_run_after_a_deterministic_one_in_the_same_process_has_its_own_mode(tmp_path: Path) -> None:
+    """Studies and tests train several runs in one process: train.deterministic is each run's, not inherited."""
+    seen: list[bool] = []
+    try:
+        for deterministic in (True, False):
+            cfg = tiny_cfg(tmp_path, max_updates=2, deterministic=deterministic)
+            train(cfg, tmp_path / str(deterministic), on_update=lambda *_: seen.append(
+                torch.are_deterministic_algorithms_enabled()))  # fmt: skip
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+    assert seen == [True, True, False, False]
+
+
 def test_an_op_without_a_deterministic_kernel_is_one_line_under_deterministic_mode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

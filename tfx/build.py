@@ -34,12 +34,13 @@ def seed_everything(t: TrainConfig) -> None:
     """Threads, determinism and the torch/python seeds, before anything draws a random number or runs a GEMM."""
     if t.threads > 0:
         torch.set_num_threads(t.threads)
+    # Each run sets the mode its config says (runs in one process, as in studies and tests, do not inherit it).
+    # Strict: with warn_only, PyTorch keeps e.g. the memory-efficient attention backward's split-key atomics (it
+    # only warns); strict mode makes it deterministic, and an op with no deterministic kernel raises (tfx.train
+    # reports that in one line).
+    torch.use_deterministic_algorithms(t.deterministic)
     if t.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when the first cuBLAS handle is made
-        # Strict: with warn_only, PyTorch keeps e.g. the memory-efficient attention backward's split-key atomics
-        # (it only warns); strict mode makes it deterministic, and an op with no deterministic kernel raises
-        # (tfx.train reports that in one line).
-        torch.use_deterministic_algorithms(True)
         torch.utils.deterministic.fill_uninitialized_memory = False  # correct code never reads it; filling costs
     torch.manual_seed(t.seed)
     random.seed(t.seed)

@@ -101,11 +101,11 @@ def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
         sets = [(src.name, *read_parallel_text(src, ref)) for src, ref in zip(args.src, args.ref, strict=True)]
     else:
         sets = [(args.split, *split_texts(cfg, args.split, config.get("train", {}).get("seed", 1), tokenizer))]
+    if empty := next((name for name, src, _ in sets if not src), None):  # before any set is decoded
+        raise DataError(f"{empty}: no sentences to translate")
     outputs = args.output or [ckpt_path.with_name(f"{ckpt_path.stem}.{name}.hyp") for name, _, _ in sets]
     reports = []
     for (split_name, src, refs), hyp_path in zip(sets, outputs, strict=True):
-        if not src:
-            raise DataError(f"{split_name}: no sentences to translate")
         hyps = translate_with_args(model, tokenizer, src, args, device, progress=not args.quiet)
         reports.append(_score(args, cfg, ckpt_path, split_name, src, refs, hyps, hyp_path))
     return reports
