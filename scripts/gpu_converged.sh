@@ -12,8 +12,9 @@
 # is used again), so the same command again on the same machine (the device machine while it is warm) resumes them:
 # ended runs do not train again, scored decodes are not redone. The processes share the GPU through MPS
 # (device_prelude.sh's start_mps; MPS=0: time-slicing, as the first 2026-12-04 window did). OUT gets report.md
-# (both tables and where each study stands), converged_3.tar.gz and converged_12.tar.gz (study.json, converged_study.md and the figures, each run's metrics.jsonl, train.log and test
-# decodes), study_3.log and study_12.log, and gpu.log (nvidia-smi every 10 s: utilization and memory).
+# (both tables and where each study stands), converged_3.tar.gz and converged_12.tar.gz (study.json,
+# converged_study.md and the figures, each run's metrics.jsonl, train.log and test decodes), study_3.log and
+# study_12.log, and gpu.log (nvidia-smi every 10 s: utilization and memory).
 # What fits (one H200, 2026-12-04, docs/methods.md): the 3+3 table converged in 10 min beside the 12+12 study;
 # the 12+12 table needs about 13 min alone (DEPTHS=12), i.e. a window of its own.
 # Settings: T_STUDY (seconds of training, default 480), DEPTHS (default "3 12"; "3" alone gives the 3+3 runs the

@@ -66,6 +66,20 @@ def test_several_test_sets_in_one_call_score_as_separate_calls_do(tmp_path: Path
     assert usage.value.code == 2 and "--ref needs one file per --src (2), got 1" in capsys.readouterr().err
 
 
+def test_an_empty_test_set_is_refused_before_any_set_is_decoded(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+    """--src A B where B is empty: one error line naming B, a non-zero exit, and A is not decoded either (CPU)."""
+    ckpt = write_checkpoint(tmp_path / "ckpt" / "checkpoint_best.pt")
+    src_a, ref_a = write_parallel(tmp_path / "a", "test", n=4)
+    src_b, ref_b = tmp_path / "empty.de", tmp_path / "empty.en"
+    src_b.write_text(""), ref_b.write_text("")
+    hyps = [tmp_path / "a.hyp", tmp_path / "b.hyp"]
+    args = [str(ckpt), "--src", str(src_a), str(src_b), "--ref", str(ref_a), str(ref_b), "--output", *map(str, hyps)]
+    assert evaluate.main([*args, "--beam", "2", "--quiet", "--device", "cpu"]) != 0
+    assert "empty.de: no sentences to translate" in capsys.readouterr().err
+    assert not any(h.exists() for h in hyps)
+
+
 def test_script_missing_checkpoint_fails(tmp_path: Path) -> None:
     src, ref = write_parallel(tmp_path, "test")
     result = eval_bleu(str(tmp_path / "nowhere.pt"), "--src", str(src), "--ref", str(ref), cwd=tmp_path)
