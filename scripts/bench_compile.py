@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
+
 
 def one(scope: str, layers: int, d_model: int, device: str, precision: str, steps: int, backend: str) -> dict:
     """One row, in this process (the parent starts a fresh one per row)."""

@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
+
 from tfx.config import DataConfig
 from tfx.data import DataError, collate, make_batches, prepare_data
 

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 import numpy as np
 import torch
 

@@ -84,6 +84,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 import torch
 from torch import Tensor
 

@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
+
 from tfx.metrics_log import FILENAME, read_metrics
 from tfx.studies.arms import ARMS
 from tfx.studies.harness import (

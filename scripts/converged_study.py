@@ -59,6 +59,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
+
 from tfx.bleu import paired_bootstrap
 from tfx.data.sources import read_lines
 from tfx.metrics_log import FILENAME, read_metrics

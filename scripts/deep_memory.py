@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 import torch
 from torch.utils.checkpoint import checkpoint
 

@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
+
 REPO = Path(__file__).resolve().parents[1]
 
 # name -> the overrides on top of the deep recipe (conf/experiment/deep.yaml as it was before issue 13:

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
+
 from tfx.metrics_log import FILENAME, read_metrics
 from tfx.studies.arms import ARMS
 from tfx.studies.harness import multirun, open_study, running_mean, train_or_replot

@@ -37,6 +37,7 @@ import math
 import sys
 from collections.abc import Callable
 
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 import torch
 from torch import Tensor, nn
 

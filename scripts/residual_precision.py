@@ -18,6 +18,7 @@ import argparse
 import contextlib
 from collections.abc import Iterator
 
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 import torch
 import torch.nn.functional as F
 from torch import Tensor

@@ -55,7 +55,10 @@ def shared_data() -> Path:
 
 
 def load_script(name: str) -> ModuleType:
-    """Import ``scripts/<name>.py`` as a module (scripts are not part of the package)."""
+    """Import ``scripts/<name>.py`` as a module (scripts are not part of the package), with scripts/ on the path as
+    when it runs as a file (for its `import _require_tfx`)."""
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.append(str(REPO / "scripts"))
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
