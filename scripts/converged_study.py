@@ -700,8 +700,12 @@ def run_study(args: argparse.Namespace) -> int:
             return code, 0
         finalists = grid_finalists(args.out, arm, args)
         record("finalists", arm, finalists)
-        say(f"{arm}: grid done; finalists (grid valid BLEU) " + ", ".join(
-            f"{setting_name(*s)} ({best_valid(grid_run(args.out, arm, s))[0]:.2f})" for s in finalists.values()))
+        say(
+            f"{arm}: grid done; finalists (grid valid BLEU) "
+            + ", ".join(
+                f"{setting_name(*s)} ({best_valid(grid_run(args.out, arm, s))[0]:.2f})" for s in finalists.values()
+            )
+        )
         if len(finalists) == 1:  # nothing to choose: the table shows its seeds as they end, even if stopped
             record("settings", arm, next(iter(finalists.values())))
         first = seeds_with_finalists(finalists, args.seeds)
@@ -719,8 +723,10 @@ def run_study(args: argparse.Namespace) -> int:
         runs = list(final_runs(args.out, name, args.seeds).values())
         run_decodes(args, runs, queue, priority)  # each was decoded as it converged: this retries what failed then
         test = next(iter(TEST_SETS))
-        say(f"{arm}: decoded; {TEST_SETS[test]} sacreBLEU of the best-valid checkpoint, by seed: "
-            + " / ".join(f"{test_scores(run, 'best', test)[0]:.2f}" for run in runs))
+        say(
+            f"{arm}: decoded; {TEST_SETS[test]} sacreBLEU of the best-valid checkpoint, by seed: "
+            + " / ".join(f"{test_scores(run, 'best', test)[0]:.2f}" for run in runs)
+        )
         every = {*runs, *(final_runs(args.out, n, [1])[1] for n in finalists)}
         return 0, sum(len(decode_commands(args, run)) for run in every if finished(run))  # decodes still unscored
 

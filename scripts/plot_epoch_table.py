@@ -15,6 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # matplotlib is the plot extra: imported where a figure is drawn
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 PAGE = CHECKOUT / "docs" / "methods.md"
@@ -75,9 +80,16 @@ def plot(rows: dict[str, list[float]], title: str, path: Path) -> None:
     ax.set(xlabel="epoch", ylabel="valid BLEU (greedy)")
     low = min(min(b[2:] or b) for b in rows.values())  # the first epochs would squash the end, where runs differ
     ax.set_ylim(bottom=max(0.0, low - 2))
+    finish(fig, ax, title, path, legend="lower right")
+
+
+def finish(fig: Figure, ax: Axes, title: str, path: Path, legend: str) -> None:
+    """Title, grid and legend as every figure drawn from docs/ has them, then the PNG (small: 90 dpi)."""
+    import matplotlib.pyplot as plt
+
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc=legend)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)

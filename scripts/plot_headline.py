@@ -18,16 +18,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from plot_epoch_table import cells, finish
+
 CHECKOUT = Path(__file__).resolve().parents[1]
 TABLE_PAGE = CHECKOUT / "docs" / "methods.md"
 FIGURE = CHECKOUT / "docs" / "figures" / "budget_valid_bleu.png"
 HEADER = "| arm | updates | final loss | valid @10 min | valid @20 | valid @30 |"
 MINUTES = (10, 20, 30)  # the columns valid @10 min, @20, @30
-
-
-def cells(line: str) -> list[str]:
-    """The cells of one markdown table row, bold markers dropped."""
-    return [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
 
 
 def budget_table(page: Path = TABLE_PAGE) -> dict[str, list[float]]:
@@ -41,7 +38,7 @@ def budget_table(page: Path = TABLE_PAGE) -> dict[str, list[float]]:
         if not line.startswith("|"):
             break
         row = cells(line)
-        rows[row[0]] = [float(v) for v in row[3:6]]
+        rows[row[0]] = [float(v.strip("*")) for v in row[3:6]]
     return rows
 
 
@@ -55,13 +52,8 @@ def plot(rows: dict[str, list[float]], path: Path) -> None:
     for arm, bleu in rows.items():
         ax.plot(MINUTES, bleu, marker="o", label=arm, linewidth=2.2 if arm == "tfixup" else 1.2)
     ax.set(xlabel="training minutes (1 CPU thread)", ylabel="valid BLEU (greedy)", xticks=MINUTES, xlim=(8, 38))
-    ax.set_title("Multi30k De->En, 30 CPU minutes per method: early training, untuned schedules", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    finish(fig, ax, "Multi30k De->En, 30 CPU minutes per method: early training, untuned schedules", path,
+           legend="center right")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

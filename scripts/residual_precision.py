@@ -80,8 +80,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     print(f"T-Fixup, d {args.d_model}, {args.batch} x {args.length} random tokens, fp32 CPU with bf16 rounding "
           "emulated; relative error against plain fp32")  # fmt: skip
-    print("| layers per side | logits, fp32 stream | logits, bf16 stream | gradient, fp32 stream | "
-          "gradient, bf16 stream |")
+    print(
+        "| layers per side | logits, fp32 stream | logits, bf16 stream | gradient, fp32 stream | "
+        "gradient, bf16 stream |"
+    )
     print("|---:|---:|---:|---:|---:|")
     for depth in args.depths:
         cfg = compose_config(["+experiment=deep", f"model.encoder_layers={depth}", f"model.decoder_layers={depth}",

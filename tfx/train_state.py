@@ -80,8 +80,12 @@ class TrainState:
 
     def summary(self) -> dict[str, Any]:
         """What ``train()`` returns about where the run ended."""
-        return {"best_bleu": self.best_bleu, "step": self.step, "epoch": self.epoch,
-                "train_seconds": self.train_seconds}
+        return {
+            "best_bleu": self.best_bleu,
+            "step": self.step,
+            "epoch": self.epoch,
+            "train_seconds": self.train_seconds,
+        }
 
 
 def checkpoint_payload(

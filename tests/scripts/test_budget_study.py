@@ -103,8 +103,9 @@ def small_corpus(folder: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.fixed_precision
-def test_micro_study_trains_decodes_and_replots(bs: ModuleType, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_micro_study_trains_decodes_and_replots(
+    bs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out, data = tmp_path / "study", small_corpus(tmp_path / "data")
     monkeypatch.setattr(bs, "TEST_SETS", bs.TEST_SETS[:1])  # every test set decodes alike; CI's time
     tiny = ["model.d_model=16", "model.ffn_dim=32", "model.heads=2", "model.encoder_layers=1", "model.decoder_layers=1",

@@ -56,8 +56,9 @@ def _valid_run(folder: Path, bleus: list[float], ended: str | None = None) -> No
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
-def test_the_grid_picks_a_warmup_per_lr_and_dropout_and_warmup_free_arms_keep_warmup_0(cs: ModuleType,
-                                                                                      tmp_path: Path) -> None:
+def test_the_grid_picks_a_warmup_per_lr_and_dropout_and_warmup_free_arms_keep_warmup_0(
+    cs: ModuleType, tmp_path: Path
+) -> None:
     args = cs.parse_args(["--out", str(tmp_path), "--lrs", "0.0005", "0.001", "--dropouts", "0.1", "0.3",
                           "--warmups", "0", "400"])  # fmt: skip
     assert cs.grid_settings("tfixup", args) == [(0.0005, 0.1, 0), (0.0005, 0.3, 0), (0.001, 0.1, 0), (0.001, 0.3, 0)]
@@ -74,8 +75,12 @@ def test_the_grid_picks_a_warmup_per_lr_and_dropout_and_warmup_free_arms_keep_wa
                          "postln_lr0.001_d0.3": (0.001, 0.3, 0)}  # fmt: skip
     assert cs.best_valid(tmp_path / "runs" / "grid" / "postln" / "lr0.0005_d0.3_w400") == (24.5, 2)
     # converged, the settings that led the grid (31, 30 against 24.5) end worse: the arm takes the slow starter
-    for name, bleus in {"postln_lr0.0005_d0.1": [20, 30, 31, 31.5, 31], "postln_lr0.001_d0.1": [22, 31, 32, 31],
-                        "postln_lr0.0005_d0.3": [12, 24.5, 30, 33, 34, 33.8], "postln_lr0.001_d0.3": [5]}.items():
+    for name, bleus in {
+        "postln_lr0.0005_d0.1": [20, 30, 31, 31.5, 31],
+        "postln_lr0.001_d0.1": [22, 31, 32, 31],
+        "postln_lr0.0005_d0.3": [12, 24.5, 30, 33, 34, 33.8],
+        "postln_lr0.001_d0.3": [5],
+    }.items():
         _valid_run(cs.final_runs(tmp_path, name, [1])[1], bleus)
     assert cs.chosen_finalist(tmp_path, finalists) == "postln_lr0.0005_d0.3"
     unvalidated = {"postln_lr0.01_d0.1": (0.01, 0.1, 0), **finalists}  # first, and no valid record (diverged)
@@ -114,8 +119,7 @@ class _RecordingQueue:
         pass
 
 
-def test_a_re_run_trains_again_only_the_runs_that_were_stopped_or_never_started(cs: ModuleType,
-                                                                                 tmp_path: Path) -> None:
+def test_a_re_run_trains_again_only_the_runs_that_were_stopped_or_never_started(cs: ModuleType, tmp_path: Path) -> None:
     args = cs.parse_args(["--out", str(tmp_path), "--lrs", "0.0005", "--dropouts", "0.1",
                           "--warmups", "0", "100", "400", "1000"])  # fmt: skip
     ends = {0: "early stop: no valid/bleu gain in 3 validations", 100: "diverged", 400: "stopped by SIGTERM"}
@@ -161,8 +165,9 @@ def test_each_finalist_is_decoded_on_its_slot_as_soon_as_it_converges(cs: Module
     assert all(len(cmd[cmd.index("--src") + 1 : cmd.index("--ref")]) == len(cs.TEST_SETS) for cmd in decodes)
 
 
-def test_one_finalist_trains_every_seed_at_once_and_several_wait_for_seed_1_to_choose(cs: ModuleType,
-                                                                                     tmp_path: Path) -> None:
+def test_one_finalist_trains_every_seed_at_once_and_several_wait_for_seed_1_to_choose(
+    cs: ModuleType, tmp_path: Path
+) -> None:
     args = cs.parse_args(["--out", str(tmp_path), "--lrs", "0.0005", "--dropouts", "0.3", "--seeds", "1", "2", "3"])
     lone = {"tfixup_lr0.0005_d0.3": (0.0005, 0.3, 0)}
     assert cs.seeds_with_finalists(lone, args.seeds) == [1, 2, 3]
@@ -175,8 +180,9 @@ def test_one_finalist_trains_every_seed_at_once_and_several_wait_for_seed_1_to_c
     assert cs.seeds_with_finalists(lone, [2]) == [1, 2]  # seed 1 chooses (and continues its grid run) regardless
 
 
-def test_the_report_shows_each_arms_grid_as_a_table_and_a_heatmap_of_its_last_epoch(cs: ModuleType,
-                                                                                     tmp_path: Path) -> None:
+def test_the_report_shows_each_arms_grid_as_a_table_and_a_heatmap_of_its_last_epoch(
+    cs: ModuleType, tmp_path: Path
+) -> None:
     """Scripted grid records (no training): each cell's valid BLEU by epoch, the finalists bold and framed, a run
     still training marked, a warmup-free arm with its one column, one colour scale."""
     argv = ["--out", str(tmp_path), "--lrs", "0.0005", "0.001", "--dropouts", "0.1", "--warmups", "0", "400",
@@ -191,8 +197,10 @@ def test_the_report_shows_each_arms_grid_as_a_table_and_a_heatmap_of_its_last_ep
         if len(bleus) == 2:
             with (run / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps({"event": "end", "step": 20, "status": "completed"}) + "\n")
-    finalists = {"postln": {"postln_lr0.0005_d0.1": [0.0005, 0.1, 400]},
-                 "tfixup": {"tfixup_lr0.0005_d0.1": [0.0005, 0.1, 0], "tfixup_lr0.001_d0.1": [0.001, 0.1, 0]}}
+    finalists = {
+        "postln": {"postln_lr0.0005_d0.1": [0.0005, 0.1, 400]},
+        "tfixup": {"tfixup_lr0.0005_d0.1": [0.0005, 0.1, 0], "tfixup_lr0.001_d0.1": [0.001, 0.1, 0]},
+    }
     study = {"arms": ["postln", "tfixup"], "finalists": finalists}
     lines = cs.grid_lines(tmp_path, study, args)
     tables = "\n".join(lines)
@@ -219,18 +227,25 @@ def test_the_valid_curve_has_one_point_per_update(cs: ModuleType, tmp_path: Path
 
 def test_the_figure_shows_an_arm_still_choosing_by_its_finalists(cs: ModuleType, tmp_path: Path) -> None:
     """A replot during the study: tfixup chose (its line and the other finalist), postln has not (both dashed)."""
-    finalists = {"tfixup": {"tfixup_lr0.001_d0.1": [1e-3, 0.1, 0], "tfixup_lr0.001_d0.3": [1e-3, 0.3, 0]},
-                 "postln": {"postln_lr0.001_d0.1": [1e-3, 0.1, 400], "postln_lr0.001_d0.3": [1e-3, 0.3, 100]}}
+    finalists = {
+        "tfixup": {"tfixup_lr0.001_d0.1": [1e-3, 0.1, 0], "tfixup_lr0.001_d0.3": [1e-3, 0.3, 0]},
+        "postln": {"postln_lr0.001_d0.1": [1e-3, 0.1, 400], "postln_lr0.001_d0.3": [1e-3, 0.3, 100]},
+    }
     for names in finalists.values():
         for name in names:
             run = tmp_path / "runs" / "final" / name / "seed1"
             run.mkdir(parents=True)
-            (run / "metrics.jsonl").write_text("".join(
-                json.dumps({"event": "valid", "step": s, "valid/bleu": 10.0 + s}) + "\n" for s in (1, 2)))
+            (run / "metrics.jsonl").write_text(
+                "".join(json.dumps({"event": "valid", "step": s, "valid/bleu": 10.0 + s}) + "\n" for s in (1, 2))
+            )
     study = {"settings": {"tfixup": [1e-3, 0.3, 0]}, "finalists": finalists}
     labels = cs.plot(tmp_path, study, cs.parse_args(["--seeds", "1"]))
-    assert labels == ["tfixup (lr0.001_d0.3_w0)", "tfixup (lr0.001_d0.1_w0, not chosen)",
-                      "postln (lr0.001_d0.1_w400, converging)", "postln (lr0.001_d0.3_w100, converging)"]
+    assert labels == [
+        "tfixup (lr0.001_d0.3_w0)",
+        "tfixup (lr0.001_d0.1_w0, not chosen)",
+        "postln (lr0.001_d0.1_w400, converging)",
+        "postln (lr0.001_d0.3_w100, converging)",
+    ]
     assert (tmp_path / "converged_study.png").is_file()
 
 
@@ -297,9 +312,9 @@ def _updates(run: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.fixed_precision
-def test_micro_study_trains_decodes_reports_and_resumes(cs: ModuleType, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_micro_study_trains_decodes_reports_and_resumes(
+    cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out, data = tmp_path / "study", small_corpus(tmp_path / "data")
     monkeypatch.setattr(cs, "TEST_SETS", {"test": "test2016"})  # every test set decodes alike; CI's time
     tiny = ["model.d_model=16", "model.ffn_dim=32", "model.heads=2", "data.vocab_size=60", "data.max_tokens=256",
@@ -372,8 +387,9 @@ def test_a_study_under_results_stays_out_of_git_and_its_readme_does_not() -> Non
     assert ignored == left
 
 
-def test_the_gpu_preset_dry_run_composes_every_arm_on_cuda_and_trains_nothing(cs: ModuleType, tmp_path: Path,
-                                                                              capsys: pytest.CaptureFixture) -> None:
+def test_the_gpu_preset_dry_run_composes_every_arm_on_cuda_and_trains_nothing(
+    cs: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "study"
     assert cs.main(["--out", str(out), "--preset", "gpu", "--dry-run", "--arms", "tfixup", "postln"]) == 0
     plan = capsys.readouterr().out.splitlines()
@@ -385,8 +401,9 @@ def test_the_gpu_preset_dry_run_composes_every_arm_on_cuda_and_trains_nothing(cs
     assert not out.exists()  # nothing trained, nothing written
 
 
-def test_the_gpu_preset_trains_the_cpu_tuned_arms_at_their_settings_and_tuned_overrides_one(cs: ModuleType,
-                                                                                            tmp_path: Path) -> None:
+def test_the_gpu_preset_trains_the_cpu_tuned_arms_at_their_settings_and_tuned_overrides_one(
+    cs: ModuleType, tmp_path: Path
+) -> None:
     args = cs.parse_args(["--out", str(tmp_path), "--preset", "gpu", "--tuned", "deepnorm=5e-4,0.1,0"])
     assert args.arms == list(cs.TUNED_ON_CPU) and args.seeds == [1, 2, 3] and args.jobs == 15
     assert cs.grid_settings("postln", args) == [cs.TUNED_ON_CPU["postln"]] == [(1e-3, 0.1, 400)]
@@ -406,8 +423,9 @@ def test_a_tuned_arm_has_a_grid_of_one_and_the_others_keep_theirs(cs: ModuleType
         cs.parse_args(["--out", str(tmp_path), "--tuned", "postln=0.001,0.1"])
 
 
-def test_a_dry_run_names_the_arm_and_override_that_do_not_compose(cs: ModuleType, tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture) -> None:
+def test_a_dry_run_names_the_arm_and_override_that_do_not_compose(
+    cs: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     assert cs.main(["model.norm=bogus", "--out", str(tmp_path), "--dry-run", "--arms", "tfixup"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("arm tfixup: ValueError: model.norm='bogus'") and len(err.splitlines()) == 1

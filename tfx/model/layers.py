@@ -49,9 +49,7 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None = None) -> Tensor:
         """``attn_mask`` (True = may attend; packed rows) replaces ``padding_mask`` (True at padding)."""
-        x = self.self_attn_block(
-            x, lambda h: self.self_attn(h, h, key_padding_mask=padding_mask, attn_mask=attn_mask)
-        )
+        x = self.self_attn_block(x, lambda h: self.self_attn(h, h, key_padding_mask=padding_mask, attn_mask=attn_mask))
         return self.ffn_block(x, self.ffn)
 
 
