@@ -39,9 +39,11 @@ def seed_everything(t: TrainConfig) -> None:
     # only warns); strict mode makes it deterministic, and an op with no deterministic kernel raises (tfx.train
     # reports that in one line).
     torch.use_deterministic_algorithms(t.deterministic)
+    # Under deterministic mode PyTorch fills new tensors (NaN): correct code never reads them, filling costs.
+    # Set either way, so a later run in the process gets PyTorch's default back.
+    torch.utils.deterministic.fill_uninitialized_memory = not t.deterministic
     if t.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when the first cuBLAS handle is made
-        torch.utils.deterministic.fill_uninitialized_memory = False  # correct code never reads it; filling costs
     torch.manual_seed(t.seed)
     random.seed(t.seed)
 
