@@ -680,6 +680,8 @@ def run_study(args: argparse.Namespace) -> int:
         return 2
     # an arm tuned elsewhere that this run adds: the report draws its grid (of one) from the recorded args
     study["args"]["tuned"] = {**study["args"].get("tuned", {}), **saved["tuned"]}
+    # seeds that this run adds: the report's tables and figure go by the recorded seeds
+    study["args"]["seeds"] = sorted({*study["args"]["seeds"], *saved["seeds"]})
 
     lock, queue = threading.Lock(), RunQueue(args.jobs, CHECKOUT, len(args.arms))
 

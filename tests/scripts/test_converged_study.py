@@ -299,6 +299,28 @@ def test_an_arm_tuned_elsewhere_added_to_a_recorded_study_is_reported_with_its_g
     assert "| 0.0005 | 0.3 | **30.00 / 31.00** |" in cs.write_report(tmp_path / "study")
 
 
+def test_seeds_added_to_a_recorded_study_are_reported(
+    cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A study run with --seeds 1, then again with --seeds 1 2 (more seeds for the same arms): the recorded args
+    gain seed 2, so the report has a row for it, not only for the seed the study began with (CPU, the queue
+    stubbed: no training)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ["train", "valid", *cs.TEST_SETS]:
+        for lang in ("de", "en"):
+            (data / f"{name}.{lang}").write_text("x\n")
+    monkeypatch.setattr(cs, "RunQueue", lambda *a: _RecordingQueue())
+    base = ["--out", str(tmp_path / "study"), "--data-dir", str(data), "--arms", "tfixup", "--tuned",
+            "tfixup=5e-4,0.3,0"]  # fmt: skip
+    cs.run_study(cs.parse_args([*base, "--seeds", "1"]))
+    cs.run_study(cs.parse_args([*base, "--seeds", "1", "2"]))
+    cs.run_study(cs.parse_args([*base, "--seeds", "1"]))  # a later run with fewer seeds forgets none
+    assert json.loads((tmp_path / "study" / "study.json").read_text())["args"]["seeds"] == [1, 2]
+    report = cs.write_report(tmp_path / "study")
+    assert "seeds [1, 2]" in report.splitlines()[0]
+
+
 def test_a_study_that_added_its_arms_later_reports_t_fixup_first(cs: ModuleType) -> None:
     """Pre-LN and Admin trained first, T-Fixup added by a later run of the script: T-Fixup still leads the table
     and is what the paired tests compare against."""
