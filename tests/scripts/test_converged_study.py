@@ -277,17 +277,22 @@ def test_the_report_tests_each_arm_against_the_first_by_paired_bootstrap_seed_by
     assert cs.significance_lines(tmp_path, {"settings": settings}, elsewhere)[-1] == "| postln | 1 | — | — |"
 
 
+def _one_line_corpus(cs: ModuleType, data: Path) -> Path:
+    """Every file a study checks for, one line each: enough for a study whose queue trains nothing."""
+    data.mkdir()
+    for name in ["train", "valid", *cs.TEST_SETS]:
+        for lang in ("de", "en"):
+            (data / f"{name}.{lang}").write_text("x\n")
+    return data
+
+
 def test_an_arm_tuned_elsewhere_added_to_a_recorded_study_is_reported_with_its_grid_of_one(
     cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """DeepNorm's study recorded its args; a later run adds T-Fixup with --tuned. The report reads the recorded
     args, so they gain T-Fixup's setting: its grid is that one run, not lrs x dropouts with empty cells (CPU, the
     queue stubbed: no training)."""
-    data = tmp_path / "data"
-    data.mkdir()
-    for name in ["train", "valid", *cs.TEST_SETS]:
-        for lang in ("de", "en"):
-            (data / f"{name}.{lang}").write_text("x\n")
+    data = _one_line_corpus(cs, tmp_path / "data")
     monkeypatch.setattr(cs, "RunQueue", lambda *a: _RecordingQueue())
     base = ["--out", str(tmp_path / "study"), "--data-dir", str(data), "--lrs", "0.001", "--dropouts", "0.3",
             "--warmups", "400"]  # fmt: skip
@@ -305,11 +310,7 @@ def test_seeds_added_to_a_recorded_study_are_reported(
     """A study run with --seeds 1, then again with --seeds 1 2 (more seeds for the same arms): the recorded args
     gain seed 2, so the report has a row for it, not only for the seed the study began with (CPU, the queue
     stubbed: no training)."""
-    data = tmp_path / "data"
-    data.mkdir()
-    for name in ["train", "valid", *cs.TEST_SETS]:
-        for lang in ("de", "en"):
-            (data / f"{name}.{lang}").write_text("x\n")
+    data = _one_line_corpus(cs, tmp_path / "data")
     monkeypatch.setattr(cs, "RunQueue", lambda *a: _RecordingQueue())
     base = ["--out", str(tmp_path / "study"), "--data-dir", str(data), "--arms", "tfixup", "--tuned",
             "tfixup=5e-4,0.3,0"]  # fmt: skip
