@@ -28,8 +28,8 @@ DASHES = ["--", ":", "-.", (0, (5, 1, 1, 1, 1, 1))]  # a method's other settings
 
 
 def cells(line: str) -> list[str]:
-    """The cells of one markdown table row."""
-    return [c.strip() for c in line.strip().strip("|").split("|")]
+    """The cells of one markdown table row, bold markers around a cell dropped."""
+    return [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
 
 
 def epoch_table(page: Path, section: str) -> dict[str, list[float]]:

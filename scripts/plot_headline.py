@@ -38,7 +38,7 @@ def budget_table(page: Path = TABLE_PAGE) -> dict[str, list[float]]:
         if not line.startswith("|"):
             break
         row = cells(line)
-        rows[row[0]] = [float(v.strip("*")) for v in row[3:6]]
+        rows[row[0]] = [float(v) for v in row[3:6]]
     return rows
 
 
@@ -52,8 +52,8 @@ def plot(rows: dict[str, list[float]], path: Path) -> None:
     for arm, bleu in rows.items():
         ax.plot(MINUTES, bleu, marker="o", label=arm, linewidth=2.2 if arm == "tfixup" else 1.2)
     ax.set(xlabel="training minutes (1 CPU thread)", ylabel="valid BLEU (greedy)", xticks=MINUTES, xlim=(8, 38))
-    finish(fig, ax, "Multi30k De->En, 30 CPU minutes per method: early training, untuned schedules", path,
-           legend="center right")  # fmt: skip
+    title = "Multi30k De->En, 30 CPU minutes per method: early training, untuned schedules"
+    finish(fig, ax, title, path, legend="center right")
 
 
 def main(argv: list[str] | None = None) -> int:
