@@ -28,7 +28,8 @@ per arm with the seeds' range as a band, the other finalists dashed), ``converge
 heatmap: what its lr, dropout and warmup were chosen from), ``study.json`` and ``runs/`` (one TensorBoard folder).
 Everything resumes: run the same command again after an interruption; finished runs do not train again and scored
 decodes are not redone.
-``--replot`` rewrites table and figures from the run folders. ``--layers 12`` is the deeper table (12 + 12
+``--replot`` rewrites table and figures from the run folders (``converged_report.py``; where the runs and decodes
+lie in ``--out``, and what they hold: ``converged_runs.py``). ``--layers 12`` is the deeper table (12 + 12
 layers, d 256); ``--direction en-de`` the other direction. The study harness is ``tfx.studies``: tfx must be
 installed (``pip install -e ".[study]"``).
 
@@ -44,12 +45,10 @@ Usage (CPU; an epoch of the 3+3 model takes about 8 minutes on one AVX2 thread i
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
@@ -60,10 +59,28 @@ from pathlib import Path
 from typing import Any
 
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
+from converged_report import write_report
+from converged_runs import (
+    KINDS,
+    TEST_SETS,
+    WINDOW,
+    Setting,
+    best_valid,
+    end_status,
+    ended,
+    final_runs,
+    finalist_name,
+    finished,
+    grid_run,
+    grid_settings,
+    hyp_path,
+    lr_dropouts,
+    score_path,
+    setting_name,
+    test_scores,
+)
 
-from tfx.bleu import paired_bootstrap
-from tfx.data.sources import read_lines
-from tfx.metrics_log import FILENAME, read_metrics
+from tfx.metrics_log import FILENAME
 from tfx.studies.arms import ARMS, write_arm, write_arms
 from tfx.studies.harness import CHECKOUT, missing_files, open_study, run_recorded, train_command, train_or_replot
 from tfx.studies.queue import STOPPED, RunQueue
@@ -74,16 +91,6 @@ DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "ad
 # finalist so far; its lr 5e-4 finalists had not converged). The GPU preset trains these.
 TUNED_ON_CPU: dict[str, Setting] = {"tfixup": (5e-4, 0.3, 0), "postln": (1e-3, 0.1, 400), "preln": (5e-4, 0.3, 0),
                                     "admin": (1e-3, 0.3, 0), "deepnorm": (1e-3, 0.3, 400)}  # fmt: skip
-WARMUP_FREE = {"tfixup", "xavier_noln", "postln_nowarmup"}  # methods whose recipe is no warmup at all
-TEST_SETS = {"test": "test2016", "test_2017_flickr": "test2017 flickr", "test_2018_flickr": "test2018 flickr"}
-KINDS = {"best": "checkpoints/checkpoint_best.pt", "avg": "average.pt"}  # what is decoded, per run folder
-Setting = tuple[float, float, int]  # (peak lr, dropout, warmup updates)
-WINDOW = 5  # numbered checkpoints averaged, at most (the window is chosen on valid)
-DASHES = ["--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]  # the not-chosen finalists in the figure
-
-
-def setting_name(lr: float, dropout: float, warmup: int) -> str:  # a grid run's folder
-    return f"lr{lr:g}_d{dropout:g}_w{warmup}"
 
 
 def shared_overrides(args: argparse.Namespace) -> list[str]:
@@ -95,18 +102,6 @@ def shared_overrides(args: argparse.Namespace) -> list[str]:
             f"train.precision={args.precision}",
             "train.max_minutes=0", "train.validate_every_minutes=0", "train.validate_every_updates=0",
             "train.progress=false", *args.overrides]  # fmt: skip
-
-
-def grid_settings(arm: str, args: argparse.Namespace) -> list[Setting]:
-    """An arm's grid: its ``--tuned`` setting alone, or lr x dropout x warmup (warmup 0 for a warmup-free method)."""
-    if tuned := args.tuned.get(arm):
-        return [tuple(tuned)]
-    warmups = [0] if ARMS[arm][0] in WARMUP_FREE else args.warmups
-    return [(lr, d, w) for lr in args.lrs for d in args.dropouts for w in warmups]
-
-
-def grid_run(out: Path, arm: str, setting: Setting) -> Path:
-    return out / "runs" / "grid" / arm / setting_name(*setting)
 
 
 def run_grid(args: argparse.Namespace, arm: str, queue: RunQueue, priority: int) -> int:
@@ -129,23 +124,6 @@ def train_all(out: Path, queue: RunQueue, priority: int, runs: list[tuple[Path, 
     return STOPPED if queue.stopped else next((code for code in codes if code), 0)
 
 
-def best_valid(run: Path) -> tuple[float, int]:
-    """(best greedy valid BLEU, the epoch it came at) of a run; (nan, 0) without validations."""
-    return best_of(valid_curve(run))
-
-
-def best_of(curve: list[float]) -> tuple[float, int]:
-    """(the best of a valid-BLEU curve, its epoch; the first of equals); (nan, 0) for no validations."""
-    if not curve:
-        return math.nan, 0
-    best = max(range(len(curve)), key=curve.__getitem__)
-    return curve[best], best + 1
-
-
-def finalist_name(arm: str, lr: float, dropout: float) -> str:
-    return f"{arm}_lr{lr:g}_d{dropout:g}"
-
-
 def grid_finalists(out: Path, arm: str, args: argparse.Namespace) -> dict[str, Setting]:
     """Per peak lr and dropout, the grid setting with the best valid BLEU (the first of equals, in grid order), by
     ``finalist_name``: the short budget chooses the warmup, convergence chooses lr and dropout."""
@@ -159,11 +137,6 @@ def grid_finalists(out: Path, arm: str, args: argparse.Namespace) -> dict[str, S
             raise SystemExit(f"no finished grid run for arm {arm}, lr {lr:g}, dropout {dropout:g} in {grid}")
         finalists[finalist_name(arm, lr, dropout)] = max(scored, key=lambda pair: pair[0])[1]
     return finalists
-
-
-def lr_dropouts(arm: str, args: argparse.Namespace) -> list[tuple[float, float]]:
-    """The (peak lr, dropout) pairs of an arm's grid, in grid order: one finalist each."""
-    return list(dict.fromkeys(s[:2] for s in grid_settings(arm, args)))
 
 
 def seeds_with_finalists(finalists: dict[str, Setting], seeds: list[int]) -> list[int]:
@@ -254,19 +227,6 @@ def continue_grid_run(grid: Path, final: Path) -> None:
     partial.rename(final)
 
 
-def final_runs(out: Path, name: str, seeds: list[int]) -> dict[int, Path]:
-    """The converged runs of a finalist (``finalist_name``), by seed."""
-    return {seed: out / "runs" / "final" / name / f"seed{seed}" for seed in seeds}
-
-
-def score_path(run: Path, kind: str, test: str) -> Path:
-    return run / "test" / f"{kind}_{test}.bleu.json"
-
-
-def hyp_path(run: Path, kind: str, test: str) -> Path:
-    return run / "test" / f"{kind}_{test}.hyp"
-
-
 def average_command(run: Path) -> list[str] | None:
     """The valid-chosen window average of a finished run, unless it is there or every decode of it is scored (a
     study copied without its checkpoints, ``results/README.md``, has the scores and nothing to average)."""
@@ -313,298 +273,6 @@ def run_decodes(args: argparse.Namespace, runs: list[Path], queue: RunQueue, pri
     for run in runs:
         (run / "test").mkdir(parents=True, exist_ok=True)
     return failed + failures([cmd for run in runs for cmd in decode_commands(args, run)])
-
-
-def end_status(run: Path) -> str | None:
-    """How a run's metrics end: ``completed``, ``early stop: ...``, ``diverged``, ``stopped by ...``; None before
-    its first end."""
-    ends = [r for r in read_metrics(run / FILENAME) if r["event"] == "end"] if (run / FILENAME).exists() else []
-    return ends[-1]["status"] if ends else None
-
-
-def finished(run: Path) -> bool:
-    """A run that completed or stopped early: what is chosen among and decoded."""
-    return not (end_status(run) or "stopped").startswith(("stopped", "diverged"))
-
-
-def ended(run: Path) -> bool:
-    """A run that does not train again: finished, or diverged (resuming would diverge again); one read."""
-    return not (end_status(run) or "stopped").startswith("stopped")
-
-
-def test_scores(run: Path, kind: str, test: str) -> tuple[float, float]:
-    """(sacreBLEU, lowercased tokenized BLEU) of one decode; nan where it is not scored."""
-    path = score_path(run, kind, test)
-    if not path.exists():
-        return math.nan, math.nan
-    scores = json.loads(path.read_text())["scores"]
-    return scores[0]["score"], (scores[1]["score"] if len(scores) > 1 else math.nan)
-
-
-def mean_std(values: list[float], digits: int = 2) -> str:
-    """``mean ± std (v1 / v2 / ...)`` over the finite values (sample std; one value: no ±); each value to
-    ``digits`` places, mean and std to at least one (epochs are whole, their mean need not be)."""
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return "—"
-    each = " / ".join(f"{v:.{digits}f}" for v in finite)
-    if len(finite) == 1:
-        return each
-    places = max(digits, 1)
-    return f"{statistics.fmean(finite):.{places}f} ± {statistics.stdev(finite):.{places}f} ({each})"
-
-
-def valid_curve(run: Path) -> list[float]:
-    """Greedy valid BLEU per validation (per epoch in this study); one per update, the first: before the fix
-    of 2026-12-02 a run resumed after its last validation validated that update again."""
-    records = read_metrics(run / FILENAME) if (run / FILENAME).exists() else []
-    by_step: dict[int, float] = {}
-    for record in records:
-        if record["event"] == "valid":
-            by_step.setdefault(record["step"], record["valid/bleu"])
-    return [by_step[step] for step in sorted(by_step)]
-
-
-def in_arm_order(by_arm: dict[str, Any]) -> dict[str, Any]:
-    """``by_arm`` in ``ARMS``'s order, T-Fixup first: a study whose arms were added over several runs of the
-    script (Pre-LN's first, say) reports them, and tests them against T-Fixup, as one that had them all at once."""
-    return dict(sorted(by_arm.items(), key=lambda item: list(ARMS).index(item[0])))
-
-
-def write_report(out: Path) -> str:
-    study = json.loads((out / "study.json").read_text())
-    study["settings"], study["finalists"] = in_arm_order(study["settings"]), in_arm_order(study.get("finalists", {}))
-    args = argparse.Namespace(**{"tuned": {}, **study["args"]})  # a study recorded before --tuned existed has none
-    lines = [
-        f"# Converged comparison: Multi30k {args.direction}, {args.layers}+{args.layers} layers, seeds {args.seeds}",
-        "",
-        f"Every run: `{' '.join(study['overrides'])}`; grid: lr {args.lrs} x dropout {args.dropouts} x warmup "
-        f"{args.warmups} ({args.grid_epochs} epochs, seed 1; warmup-free methods: warmup 0){tuned_text(args)}; per lr "
-        f"and dropout the grid's best warmup trained on (patience {args.patience}, at most {args.max_epochs} epochs), "
-        f"the best on valid is the arm's setting. Test: beam 5; `best` = the best-valid checkpoint, `avg` = the best "
-        f"window of {WINDOW} numbered checkpoints on valid. sacreBLEU (13a, cased) / tokBLEU (lowercased, tokenized). "
-        f"Wall time {study['wall_seconds'] / 60:.1f} min.",
-        "",
-        "| arm | setting | epochs to best | valid | " + " | ".join(
-            f"{label} {kind} sacre / tok" for label in TEST_SETS.values() for kind in KINDS) + " |",
-        "|---|---|---|---|" + "---|" * (len(TEST_SETS) * len(KINDS)),
-    ]  # fmt: skip
-    for arm, setting in study["settings"].items():
-        runs = list(final_runs(out, finalist_name(arm, *setting[:2]), args.seeds).values())
-        bests = [best_valid(r) for r in runs]
-        epochs = mean_std([float(e) for _, e in bests if e], digits=0)
-        cells = [setting_name(*setting), epochs, mean_std([b for b, _ in bests])]
-        for test in TEST_SETS:
-            for kind in KINDS:
-                pairs = [test_scores(r, kind, test) for r in runs]
-                cells.append(f"{mean_std([p[0] for p in pairs])} / {mean_std([p[1] for p in pairs])}")
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    lines += significance_lines(out, study, args)
-    test = next(iter(TEST_SETS))
-    label = TEST_SETS[test]
-    lines += ["", f"Finalists (seed 1; greedy valid BLEU, best and at the end of the grid's budget; {label} sacreBLEU "
-              "of the best-valid checkpoint, beam 5: is the choice on valid the choice on test?):", "",
-              f"| arm | setting | grid valid | converged valid | epochs to best | epochs | {label} | chosen |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for arm, finalists in study.get("finalists", {}).items():
-        for name, setting in finalists.items():
-            run = final_runs(out, name, [1])[1]
-            curve = valid_curve(run)
-            bleu, epoch = best_of(curve)
-            grid = max(curve[: args.grid_epochs], default=math.nan)
-            mark = "yes" if arm in study["settings"] and list(setting) == list(study["settings"][arm]) else ""
-            scored = f"{test_scores(run, 'best', test)[0]:.2f}".replace("nan", "—")
-            cells = [arm, setting_name(*setting), f"{grid:.2f}", f"{bleu:.2f}", str(epoch), str(len(curve)), scored,
-                     mark]  # fmt: skip
-            lines.append("| " + " | ".join(cells) + " |")
-    lines += grid_lines(out, study, args)
-    lines += run_lines(out)
-    text = "\n".join(lines) + "\n"
-    (out / "converged_study.md").write_text(text)
-    plot(out, study, args)
-    plot_grid(out, study, args)
-    return text
-
-
-def run_lines(out: Path) -> list[str]:
-    """Where each converged run stands: its valid BLEU per epoch and how it ended (`...`: still training or
-    stopped before it ended), so a study stopped mid-way (a GPU window's box) shows what each run reached."""
-    runs = sorted((out / "runs" / "final").glob("*/seed*"))
-    if not runs:
-        return []
-    lines = ["", "Where each run stands (greedy valid BLEU per epoch; how it ended, `...` while it has not):", ""]
-    for run in runs:
-        curve = " ".join(f"{b:.2f}" for b in valid_curve(run))
-        lines.append(f"- {run.parent.name}/{run.name}: {curve} [{end_status(run) or '...'}]")
-    return lines
-
-
-def tuned_text(args: argparse.Namespace) -> str:
-    """The report's words for the arms whose setting was tuned elsewhere (``--tuned``), if any."""
-    if not args.tuned:
-        return ""
-    return "; tuned elsewhere, a grid of one setting: " + ", ".join(
-        f"{a} {setting_name(*s)}" for a, s in args.tuned.items())  # fmt: skip
-
-
-def grid_cells(out: Path, arm: str, args: argparse.Namespace) -> dict[tuple[float, float], dict[int, list[float]]]:
-    """An arm's grid: per (lr, dropout), per warmup, the greedy valid BLEU of each epoch run so far."""
-    cells: dict[tuple[float, float], dict[int, list[float]]] = {}
-    for lr, dropout, warmup in grid_settings(arm, args):
-        cells.setdefault((lr, dropout), {})[warmup] = valid_curve(grid_run(out, arm, (lr, dropout, warmup)))
-    return cells
-
-
-def grid_lines(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """Each arm's grid as a table, a row per lr and dropout and a column per warmup: the valid BLEU after each
-    epoch, the setting each finalist continues in bold, `...` after a run that has not ended."""
-    lines = []
-    for arm in in_arm_order(dict.fromkeys(study["arms"])):
-        cells = grid_cells(out, arm, args)
-        if not any(curve for row in cells.values() for curve in row.values()):
-            continue
-        warmups = list(next(iter(cells.values())))
-        finalists = {tuple(s) for s in study.get("finalists", {}).get(arm, {}).values()}
-        lines += ["", f"{arm}'s grid (seed 1; greedy valid BLEU after epoch 1 / ... / {args.grid_epochs}; bold: the "
-                  "setting a finalist continues):", "",
-                  "| lr | dropout | " + " | ".join(f"warmup {w}" for w in warmups) + " |",
-                  "|---|---|" + "---|" * len(warmups)]  # fmt: skip
-        for (lr, dropout), row in cells.items():
-            texts = []
-            for warmup, curve in row.items():
-                text = " / ".join(f"{b:.2f}" for b in curve) or "—"
-                if curve and not ended(grid_run(out, arm, (lr, dropout, warmup))):
-                    text += " ..."
-                texts.append(f"**{text}**" if (lr, dropout, warmup) in finalists else text)
-            lines.append(f"| {lr:g} | {dropout:g} | " + " | ".join(texts) + " |")
-    return lines
-
-
-def plot_grid(out: Path, study: dict[str, Any], args: argparse.Namespace) -> dict[str, list[list[float]]]:
-    """``converged_grid.png``: a heatmap per arm of its grid's valid BLEU at the grid's last epoch (rows lr and
-    dropout, columns warmup; one colour scale for every arm, the finalists framed). Returns each arm's matrix (nan
-    where a run has not reached that epoch); no figure when no grid run has."""
-    matrices, grids, finalists = {}, {}, study.get("finalists", {})
-    for arm in in_arm_order(dict.fromkeys(study["arms"])):
-        grids[arm] = grid_cells(out, arm, args)
-        last = [[c[args.grid_epochs - 1] if len(c) >= args.grid_epochs else math.nan for c in row.values()]
-                for row in grids[arm].values()]  # fmt: skip
-        if any(math.isfinite(v) for row in last for v in row):
-            matrices[arm] = last
-    if not matrices:
-        return matrices
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    values = [v for m in matrices.values() for row in m for v in row if math.isfinite(v)]
-    low, high = min(values), max(values)
-    widths = [len(m[0]) for m in matrices.values()]  # a column per warmup, the same size in every panel
-    fig, axes = plt.subplots(1, len(matrices), figsize=(2.0 + 1.0 * sum(widths), 3.0), squeeze=False,
-                             gridspec_kw={"width_ratios": widths}, layout="constrained")  # fmt: skip
-    for k, (ax, (arm, matrix)) in enumerate(zip(axes[0], matrices.items(), strict=True)):
-        warmups, rows = list(next(iter(grids[arm].values()))), list(grids[arm])
-        framed = {tuple(s) for s in finalists.get(arm, {}).values()}
-        image = ax.imshow(matrix, cmap="viridis", vmin=low, vmax=high, aspect="auto")
-        for i, j in itertools.product(range(len(rows)), range(len(warmups))):
-            if math.isfinite(value := matrix[i][j]):
-                dark = value < (low + high) / 2  # white on viridis' dark half, black on its light half
-                ax.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=8, color="white" if dark else "k")
-            if (*rows[i], warmups[j]) in framed:
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2))
-        ax.set_xticks(range(len(warmups)), [str(w) for w in warmups], fontsize=8)
-        ax.set_yticks(range(len(rows)), [f"{lr:g} / {d:g}" for lr, d in rows] if k == 0 else [], fontsize=8)
-        ax.set(title=arm, xlabel="warmup")
-    axes[0][0].set_ylabel("peak lr / dropout")
-    fig.colorbar(image, ax=axes[0].tolist(), label=f"valid BLEU, epoch {args.grid_epochs} (red: finalist)")
-    fig.savefig(out / "converged_grid.png", dpi=110)
-    plt.close(fig)
-    return matrices
-
-
-def significance_lines(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """Each arm against the first arm (T-Fixup, in ``in_arm_order``), seed by seed (seed s against T-Fixup's seed
-    s), on every test decode: sacreBLEU difference and the paired bootstrap's p-value. Test-set noise only: a
-    row is two runs; the seeds' spread is the table's ± above."""
-    settings = study["settings"]
-    if len(settings) < 2:
-        return []
-    baseline, tgt = next(iter(settings)), args.direction.split("-")[1]
-    paths = {test: Path(args.data_dir) / f"{test}.{tgt}" for test in TEST_SETS}
-    refs = {test: read_lines(path) for test, path in paths.items() if path.is_file()}  # once, for every seed
-    rows = [seed_row(out, settings, seed, refs) for seed in args.seeds]
-    return ["", f"Against {baseline}, seed by seed (sacreBLEU difference and the paired bootstrap's p-value, 1000 "
-            f"resamples, sacrebleu's --paired-bs, so 0.001 is its smallest p: the test set's sampling noise, not the "
-            f"seeds'):", "",
-            "| arm | seed | " + " | ".join(f"{label} {kind}" for label in TEST_SETS.values() for kind in KINDS) + " |",
-            "|---|---|" + "---|" * (len(TEST_SETS) * len(KINDS)),
-            *(f"| {arm} | {seed} | " + " | ".join(cells) + " |" for seed, row in zip(args.seeds, rows, strict=True)
-              for arm, cells in row.items())]  # fmt: skip
-
-
-def seed_row(out: Path, settings: dict[str, Any], seed: int, refs: dict[str, list[str]]) -> dict[str, list[str]]:
-    """One seed's cells for each arm after the first, against the first arm's run of the same seed; a dash where a
-    decode is missing (not run yet) or a test set has no references in ``refs`` (a replot away from the corpus)."""
-    baseline, *others = settings
-    runs = {arm: final_runs(out, finalist_name(arm, *settings[arm][:2]), [seed])[seed] for arm in settings}
-    cells: dict[str, list[str]] = {arm: [] for arm in others}
-    for test, kind in itertools.product(TEST_SETS, KINDS):
-        scored = [arm for arm in others if score_path(runs[arm], kind, test).exists()]
-        results = {}
-        if scored and score_path(runs[baseline], kind, test).exists() and test in refs:
-            hyps = {arm: read_lines(hyp_path(runs[arm], kind, test)) for arm in [baseline, *scored]}
-            results = paired_bootstrap(hyps.pop(baseline), hyps, refs[test])
-        for arm in others:
-            r = results.get(arm)
-            cells[arm].append(f"{r.score - r.baseline:+.2f} (p {r.p_value:.3f})" if r else "—")
-    return cells
-
-
-def plot(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """Valid BLEU per epoch: each arm's setting, the mean over seeds with their range as a band; the arm's other
-    finalists (seed 1) dashed, in the same colour, each with its own dashes. An arm still choosing (a replot
-    during the study) shows its finalists so far, all dashed. Returns the legend's labels."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    finalists = study.get("finalists", {})
-    for arm in dict.fromkeys([*study["settings"], *finalists]):
-        color, setting = None, study["settings"].get(arm)
-        if setting is not None:
-            color = plot_setting(ax, out, arm, setting, args.seeds)
-        others = [(n, o) for n, o in finalists.get(arm, {}).items() if setting is None or list(o) != list(setting)]
-        state = "not chosen" if setting is not None else "converging"
-        for (name, other), dashes in zip(others, itertools.cycle(DASHES)):  # a dash pattern per finalist
-            if curve := valid_curve(final_runs(out, name, [1])[1]):
-                (line,) = ax.plot(range(1, len(curve) + 1), curve, linestyle=dashes, linewidth=1, color=color,
-                                  label=f"{arm} ({setting_name(*other)}, {state})")  # fmt: skip
-                color = line.get_color()  # the arm's colour, for its other finalists
-    ax.set(xlabel="epoch", ylabel="valid BLEU (greedy)", title="valid BLEU per epoch (mean; band: seeds' range)")
-    ax.grid(alpha=0.3)
-    labels = [text.get_text() for text in ax.legend(fontsize=7).get_texts()]
-    fig.tight_layout()
-    fig.savefig(out / "converged_study.png", dpi=110)
-    plt.close(fig)
-    return labels
-
-
-def plot_setting(ax: Any, out: Path, arm: str, setting: Setting, seeds: list[int]) -> str | None:
-    """An arm's chosen setting: the mean over its seeds' curves, their range as a band; returns its colour."""
-    curves = [c for c in map(valid_curve, final_runs(out, finalist_name(arm, *setting[:2]), seeds).values()) if c]
-    if not curves:
-        return None
-    n = max(map(len, curves))
-    at = [[c[i] for c in curves if i < len(c)] for i in range(n)]
-    epochs = range(1, n + 1)
-    (line,) = ax.plot(epochs, [statistics.fmean(v) for v in at], marker="o", markersize=3,
-                      label=f"{arm} ({setting_name(*setting)})")  # fmt: skip
-    ax.fill_between(epochs, [min(v) for v in at], [max(v) for v in at], alpha=0.2, color=line.get_color())
-    return line.get_color()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -59,7 +59,10 @@ def load_script(name: str) -> ModuleType:
     when it runs as a file (for its `import _require_tfx`)."""
     if str(REPO / "scripts") not in sys.path:
         sys.path.append(str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    path = REPO / "scripts" / f"{name}.py"
+    if (loaded := sys.modules.get(name)) is not None and Path(getattr(loaded, "__file__", "")) == path:
+        return loaded  # imported already (by a script that imports it): one module, as when the scripts run
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
     spec.loader.exec_module(module)
