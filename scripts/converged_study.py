@@ -12,7 +12,7 @@ a later arm trains on the slots an earlier one leaves idle (its long finalist st
    BLEU has not improved for ``--patience`` epochs (``train.patience``) or ``--max-epochs``; numbered checkpoints
    each epoch. The finalist with the best valid BLEU is the arm's setting. Why not take the grid's best outright:
    a short budget rewards what starts fastest, the higher lr and the weaker dropout, and both ended worse on
-   Multi30k (T-Fixup: lr 1e-3 / dropout 0.1 led its grid and peaked at epoch 9; docs/methods.md).
+   Multi30k (T-Fixup: lr 1e-3 / dropout 0.1 led its grid and peaked at epoch 9; docs/converged.md).
 3. **Seeds** (the other ``--seeds``): the arm's setting to convergence (with seed 1 when the grid has one
    setting per lr and dropout, one finalist: nothing is left to choose).
 4. **Test** (beam 5, every finalist and seed, each on its slot as soon as it converges, so a run that has ended
@@ -86,7 +86,7 @@ from tfx.studies.harness import CHECKOUT, missing_files, open_study, run_recorde
 from tfx.studies.queue import STOPPED, RunQueue
 
 DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "admin", "xavier_noln"]
-# Each arm's setting (peak lr, dropout, warmup updates) as its CPU study chose it, 3+3 De->En (docs/methods.md):
+# Each arm's setting (peak lr, dropout, warmup updates) as its CPU study chose it, 3+3 De->En (docs/converged.md):
 # T-Fixup and Post-LN fp32 (2026-12-01/02), Pre-LN, Admin bf16 (2026-12-03), DeepNorm bf16 (2026-12-04: the best
 # finalist so far; its lr 5e-4 finalists had not converged). The GPU preset trains these.
 TUNED_ON_CPU: dict[str, Setting] = {"tfixup": (5e-4, 0.3, 0), "postln": (1e-3, 0.1, 400), "preln": (5e-4, 0.3, 0),

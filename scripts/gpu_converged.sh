@@ -15,11 +15,11 @@
 # (both tables and where each study stands), converged_3.tar.gz and converged_12.tar.gz (study.json,
 # converged_study.md and the figures, each run's metrics.jsonl, train.log and test decodes), study_3.log and
 # study_12.log, and gpu.log (nvidia-smi every 10 s: utilization and memory).
-# What fits (one H200, 2026-12-04, docs/methods.md): the 3+3 table converged in 10 min beside the 12+12 study;
+# What fits (one H200, 2026-12-04, docs/converged.md): the 3+3 table converged in 10 min beside the 12+12 study;
 # the 12+12 table needs about 13 min alone (DEPTHS=12), i.e. a window of its own.
 # Settings: T_STUDY (seconds of training, default 480), DEPTHS (default "3 12"; "3" alone gives the 3+3 runs the
 # whole GPU), DEEP_SEEDS (default "1 2 3"), DATA_DIR (default ../shared/data/multi30k, else .gpu_data/multi30k),
-# STUDY_DIR, STUDY_ARGS (more converged_study.py options for both studies, e.g. "--patience 5": docs/methods.md
+# STUDY_DIR, STUDY_ARGS (more converged_study.py options for both studies, e.g. "--patience 5": docs/converged.md
 # found patience 3 too short on the GPU), WHEELS (as in scripts/gpu_check.sh), PYTHON.
 #
 # On this workplace's device machine: the wheels of scripts/gpu_check.sh's header, and the corpus, which does not

@@ -2,7 +2,7 @@
 
 A study draws its own runs (``converged_study.py --replot``); a comparison across studies (a setting one step past
 the grid's edge against the chosen one, whose run folder lives on another machine) exists only as a table in
-docs/methods.md. This draws that table: one line per row, x the epoch, the best epoch marked; rows whose name
+docs/converged.md. This draws that table: one line per row, x the epoch, the best epoch marked; rows whose name
 says "(chosen)" solid, the others dashed (each its own dash), one colour per method (the row name's first word).
 
     python scripts/plot_epoch_table.py --section "The grid's edge" --out docs/figures/grid_edge_bf16.png
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # matplotlib is the plot extra: imported where a figure is dr
     from matplotlib.figure import Figure
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-PAGE = CHECKOUT / "docs" / "methods.md"
+PAGE = CHECKOUT / "docs" / "converged.md"
 COLUMN = "valid BLEU per epoch"
 DASHES = ["--", ":", "-.", (0, (5, 1, 1, 1, 1, 1))]  # a method's other settings, in the table's order
 
