@@ -441,7 +441,8 @@ def dry_run(args: argparse.Namespace) -> int:
             runs = len(grid) * args.grid_epochs + finalists * (args.max_epochs - args.grid_epochs)
             runs += seeds * args.max_epochs
             total += runs
-            print(f"{arm}: grid {len(grid)} runs x {args.grid_epochs} epochs; {finalists} finalists and "
+            named = f" ({', '.join(setting_name(*g) for g in grid)})" if len(grid) <= 2 else ""  # --tuned took?
+            print(f"{arm}: grid {len(grid)} runs{named} x {args.grid_epochs} epochs; {finalists} finalists and "
                   f"{seeds} more seeds to convergence (<= {args.max_epochs} epochs); "
                   f"at most {runs} epochs | {cfg.model.encoder_layers}+{cfg.model.decoder_layers} layers "
                   f"norm={cfg.model.norm} init={cfg.init.name} | device {cfg.train.device} {cfg.train.precision} "

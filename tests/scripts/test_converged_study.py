@@ -304,11 +304,20 @@ def test_the_gpu_preset_dry_run_composes_every_arm_on_cuda_and_trains_nothing(
     assert cs.main(["--out", str(out), "--preset", "gpu", "--dry-run", "--arms", "tfixup", "postln"]) == 0
     plan = capsys.readouterr().out.splitlines()
     # each arm at the setting its CPU study chose: a grid of one, its seed 1 the finalist, seeds 2 and 3 beside it
-    assert plan[0].startswith("tfixup: grid 1 runs x 1 epochs; 1 finalists and 2 more seeds")
-    assert plan[1].startswith("postln: grid 1 runs x 1 epochs;") and "norm=post init=xavier" in plan[1]
+    assert plan[0].startswith("tfixup: grid 1 runs (lr0.0005_d0.3_w0) x 1 epochs; 1 finalists and 2 more seeds")
+    assert plan[1].startswith("postln: grid 1 runs (lr0.001_d0.1_w400) x 1 epochs;")
+    assert "norm=post init=xavier" in plan[1]
     assert all("device cuda bf16 batching=padded compile=False | 6 runs at once, 1 threads" in line
                for line in plan[:2])  # fmt: skip
     assert not out.exists()  # nothing trained, nothing written
+    # a setting given for the deeper table replaces the preset's, and the plan says so before any device time
+    argv = ["--out", str(out), "--preset", "gpu", "--dry-run", "--layers", "12", "--tuned", "postln=5e-4,0.1,1000"]
+    assert cs.main(argv) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert next(line for line in plan if line.startswith("postln:")).startswith(
+        "postln: grid 1 runs (lr0.0005_d0.1_w1000)"
+    )
+    assert next(line for line in plan if line.startswith("admin:")).startswith("admin: grid 1 runs (lr0.001_d0.3_w0)")
 
 
 def test_the_gpu_preset_trains_the_cpu_tuned_arms_at_their_settings_and_tuned_overrides_one(
