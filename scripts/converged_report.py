@@ -38,6 +38,7 @@ from tfx.bleu import paired_bootstrap
 from tfx.data.sources import read_lines
 from tfx.studies.arms import ARMS
 
+NONE_ENDED = " [none ended]"  # the table's note for an arm whose runs all stopped before they ended
 DASHES = ["--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]  # the not-chosen finalists in the figure
 
 
@@ -60,6 +61,24 @@ def in_arm_order(by_arm: dict[str, Any]) -> dict[str, Any]:
     return dict(sorted(by_arm.items(), key=lambda item: list(ARMS).index(item[0])))
 
 
+def each_value(values: list[float], digits: int = 2) -> str:
+    """``v1 / v2 / ...``: the finite values, no mean (runs that have not ended stand at different epochs)."""
+    return " / ".join(f"{v:.{digits}f}" for v in values if math.isfinite(v)) or "—"
+
+
+def converged_bests(runs: list[Path]) -> tuple[list[tuple[float, int]], str]:
+    """(best valid BLEU, its epoch) of the seeds that have ended, and a note for the seeds still training (or
+    stopped before they ended): a seed at epoch 1 averaged with one at epoch 25 is no mean of converged runs. When
+    none has ended (a GPU window's box stopped them all), where each stands, so marked."""
+    started = [run for run in runs if valid_curve(run)]
+    done = [run for run in started if ended(run)]
+    if not started or len(done) == len(started):
+        return [best_valid(run) for run in started], ""
+    if not done:
+        return [best_valid(run) for run in started], NONE_ENDED
+    return [best_valid(run) for run in done], f" [+{len(started) - len(done)} not ended]"
+
+
 def write_report(out: Path) -> str:
     study = json.loads((out / "study.json").read_text())
     study["settings"], study["finalists"] = in_arm_order(study["settings"]), in_arm_order(study.get("finalists", {}))
@@ -80,9 +99,10 @@ def write_report(out: Path) -> str:
     ]  # fmt: skip
     for arm, setting in study["settings"].items():
         runs = list(final_runs(out, finalist_name(arm, *setting[:2]), args.seeds).values())
-        bests = [best_valid(r) for r in runs]
-        epochs = mean_std([float(e) for _, e in bests if e], digits=0)
-        cells = [setting_name(*setting), epochs, mean_std([b for b, _ in bests])]
+        bests, note = converged_bests(runs)
+        stat = mean_std if note != NONE_ENDED else each_value  # no mean over runs that stand at different epochs
+        epochs = stat([float(e) for _, e in bests if e], digits=0)
+        cells = [setting_name(*setting), epochs + note, stat([b for b, _ in bests]) + note]
         for test in TEST_SETS:
             for kind in KINDS:
                 pairs = [test_scores(r, kind, test) for r in runs]

@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import load_script
-from tests.scripts.test_converged_study import _valid_run
+from tests.scripts.test_converged_study import _one_line_corpus, _RecordingQueue, _valid_run
 from tfx.bleu import corpus_bleu
 
 
@@ -131,3 +131,28 @@ def test_a_study_that_added_its_arms_later_reports_t_fixup_first(report: ModuleT
     and is what the paired tests compare against."""
     recorded = {"preln": [1e-3, 0.1, 0], "admin": [5e-4, 0.1, 400], "tfixup": [5e-4, 0.3, 0]}
     assert list(report.in_arm_order(recorded)) == ["tfixup", "preln", "admin"]
+
+
+def test_the_table_averages_the_seeds_that_ended_and_says_how_many_have_not(
+    report: ModuleType, cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replot mid-study: T-Fixup's seed 1 converged (valid 30, 31) and its seed 2 stands at epoch 1 (5.0); both
+    Pre-LN seeds are still training. The mean is over converged seeds only (31.00, not 18.00 ± 18.38), the rest
+    counted; an arm with none ended shows each seed where it stands, no mean (CPU, the queue stubbed)."""
+    data = _one_line_corpus(cs, tmp_path / "data")
+    monkeypatch.setattr(cs, "RunQueue", lambda *a: _RecordingQueue())
+    out = tmp_path / "study"
+    argv = ["--out", str(out), "--data-dir", str(data), "--arms", "tfixup", "preln", "--seeds", "1", "2",
+            "--tuned", "tfixup=5e-4,0.3,0", "preln=5e-4,0.3,0"]  # fmt: skip
+    cs.run_study(cs.parse_args(argv))  # every run "converges" at 30, 31
+    runs = {(arm, seed): report.final_runs(out, report.finalist_name(arm, 5e-4, 0.3), [seed])[seed]
+            for arm in ("tfixup", "preln") for seed in (1, 2)}  # fmt: skip
+    _valid_run(runs["tfixup", 2], [5.0])  # no end record: still training
+    _valid_run(runs["preln", 1], [20.0, 26.0])
+    _valid_run(runs["preln", 2], [4.0])
+    rows: dict[str, list[str]] = {}
+    for line in report.write_report(out).splitlines():
+        if line.startswith(("| tfixup | lr", "| preln | lr")):  # the first table's rows (the finalists' follow)
+            rows.setdefault(line.split(" | ")[0][2:], line.split(" | "))
+    assert rows["tfixup"][2:4] == ["2 [+1 not ended]", "31.00 [+1 not ended]"]
+    assert rows["preln"][2:4] == ["2 / 1 [none ended]", "26.00 / 4.00 [none ended]"]
