@@ -20,7 +20,6 @@ from converged_runs import (
     WINDOW,
     Setting,
     best_of,
-    best_valid,
     end_status,
     ended,
     final_runs,
@@ -38,7 +37,6 @@ from tfx.bleu import paired_bootstrap
 from tfx.data.sources import read_lines
 from tfx.studies.arms import ARMS
 
-NONE_ENDED = " [none ended]"  # the table's note for an arm whose runs all stopped before they ended
 DASHES = ["--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]  # the not-chosen finalists in the figure
 
 
@@ -48,7 +46,7 @@ def mean_std(values: list[float], digits: int = 2) -> str:
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return "—"
-    each = " / ".join(f"{v:.{digits}f}" for v in finite)
+    each = each_value(finite, digits)
     if len(finite) == 1:
         return each
     places = max(digits, 1)
@@ -62,21 +60,24 @@ def in_arm_order(by_arm: dict[str, Any]) -> dict[str, Any]:
 
 
 def each_value(values: list[float], digits: int = 2) -> str:
-    """``v1 / v2 / ...``: the finite values, no mean (runs that have not ended stand at different epochs)."""
+    """``v1 / v2 / ...``: the finite values, no mean; a dash for none."""
     return " / ".join(f"{v:.{digits}f}" for v in values if math.isfinite(v)) or "—"
 
 
-def converged_bests(runs: list[Path]) -> tuple[list[tuple[float, int]], str]:
-    """(best valid BLEU, its epoch) of the seeds that have ended, and a note for the seeds still training (or
-    stopped before they ended): a seed at epoch 1 averaged with one at epoch 25 is no mean of converged runs. When
-    none has ended (a GPU window's box stopped them all), where each stands, so marked."""
-    started = [run for run in runs if valid_curve(run)]
+def best_cells(runs: list[Path]) -> tuple[str, str]:
+    """An arm's "epochs to best" and "valid" cells: mean ± std over the seeds that have ended, those still training
+    (or stopped before they ended) counted, not averaged in: a seed at epoch 1 averaged with one at epoch 25 is no
+    mean of converged runs. When none has ended (a GPU window's box stopped them all), each seed where it stands."""
+    curves = {run: valid_curve(run) for run in runs}
+    started = [run for run, curve in curves.items() if curve]
     done = [run for run in started if ended(run)]
-    if not started or len(done) == len(started):
-        return [best_valid(run) for run in started], ""
-    if not done:
-        return [best_valid(run) for run in started], NONE_ENDED
-    return [best_valid(run) for run in done], f" [+{len(started) - len(done)} not ended]"
+    if started and not done:
+        stat, shown, note = each_value, started, " [none ended]"
+    else:
+        stat, shown = mean_std, done
+        note = f" [+{len(started) - len(done)} not ended]" if len(done) < len(started) else ""
+    bests = [best_of(curves[run]) for run in shown]
+    return stat([float(e) for _, e in bests if e], digits=0) + note, stat([b for b, _ in bests]) + note
 
 
 def write_report(out: Path) -> str:
@@ -99,10 +100,7 @@ def write_report(out: Path) -> str:
     ]  # fmt: skip
     for arm, setting in study["settings"].items():
         runs = list(final_runs(out, finalist_name(arm, *setting[:2]), args.seeds).values())
-        bests, note = converged_bests(runs)
-        stat = mean_std if note != NONE_ENDED else each_value  # no mean over runs that stand at different epochs
-        epochs = stat([float(e) for _, e in bests if e], digits=0)
-        cells = [setting_name(*setting), epochs + note, stat([b for b, _ in bests]) + note]
+        cells = [setting_name(*setting), *best_cells(runs)]
         for test in TEST_SETS:
             for kind in KINDS:
                 pairs = [test_scores(r, kind, test) for r in runs]
