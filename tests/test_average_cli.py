@@ -156,15 +156,25 @@ def message(call: Any, *args: Any) -> str:
 
 def test_refusals_word_for_word(tmp_path: Path) -> None:
     paths = run_of(tmp_path, 2)
-    folder = tmp_path / "run" / "checkpoints"
     assert message(checkpoint_dir, tmp_path / "nope") == f"run folder {tmp_path / 'nope'} does not exist"
-    assert message(last_checkpoints, tmp_path / "run", 0) == "--last 0: need at least 1 checkpoint"
-    assert message(last_checkpoints, tmp_path / "run", 3) == (
-        f"{folder} has 2 numbered checkpoint(s) (checkpoint_<epoch>_<step>.pt): cannot average the last 3"
+    assert message(last_checkpoints, tmp_path / "run", 0) == "--avg/--last 0: need at least 1 checkpoint"
+    (tmp_path / "empty").mkdir()
+    assert message(last_checkpoints, tmp_path / "empty", 1) == (
+        f"{tmp_path / 'empty'} has no numbered checkpoints (checkpoint_<epoch>_<step>.pt) to average: "
+        "evaluate checkpoint_best.pt (leave out --avg)"
     )
     assert message(windows, paths, 0) == "--best-window 0: need at least 1 checkpoint"
     assert message(windows, paths, 3) == "2 numbered checkpoint(s): cannot choose a window of 3"
     assert message(average_checkpoints, []) == "no checkpoints to average"
+
+
+def test_fewer_than_asked_averages_those_there_are_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A short run has fewer numbered checkpoints than ``--last N``: all of them, and one line naming both counts."""
+    paths = run_of(tmp_path, 2)
+    folder = tmp_path / "run" / "checkpoints"
+    assert last_checkpoints(tmp_path / "run", 3) == paths
+    assert capsys.readouterr().err == f"{folder} has 2 numbered checkpoint(s), not 3: averaging those 2\n"
+    assert last_checkpoints(tmp_path / "run", 2) == paths and capsys.readouterr().err == ""
 
 
 def test_windows_of_one_and_of_all(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from tfx.config import PRECISIONS, Config, compose_config, register_configs
+from tfx.train import refuse_unknown_overrides
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -134,6 +136,40 @@ def test_typo_and_wrong_type_fail() -> None:
         load(["model.encoder_layers=many"])
 
 
+@pytest.mark.parametrize(
+    ("override", "suggested"),
+    [
+        ("+train.max_update=100", "train.max_updates"),  # Hydra accepts a `+` key and the run would ignore it
+        ("+model.layers=3", "model.decoder_layers or model.encoder_layers"),
+        ("+train.lr=1e-3", "optim.lr"),  # the right name in the wrong section
+        ("++data.local_dri=corpus", "data.local_dir"),
+    ],
+)
+def test_an_added_key_the_schema_lacks_is_refused_with_the_closest_known_one(override: str, suggested: str) -> None:
+    key = override.lstrip("+").split("=")[0]
+    with pytest.raises(ValueError, match=rf"^{key} is not a config key \(did you mean {suggested}\?\)"):
+        load([override])
+
+
+def test_keys_added_on_purpose_still_compose() -> None:
+    """Free keys under a dict field, Hydra's own keys and config group choices are not typos."""
+    cfg = load(["data.hub_data_files={train: a.parquet}", "data.hub_splits={train: tr}", "method=preln"])
+    assert cfg.data.hub_data_files["train"] == "a.parquet" and cfg.data.hub_splits["train"] == "tr"
+    refuse_unknown_overrides(["hydra.run.dir=out", "+hydra.job.env_set.A=1", "+experiment=multi30k", "-m",
+                              "--cfg", "job", "train.max_updates=5", "~data.hub_revision"])  # fmt: skip
+
+
+@pytest.mark.parametrize("override", ["train.max_update=100", "+train.max_update=100"])
+def test_the_command_line_refuses_a_misspelled_key_in_one_line(override: str) -> None:
+    """With or without `+`: exit 2, one line on stderr naming the closest key, before Hydra composes anything."""
+    done = subprocess.run([sys.executable, "-m", "tfx.train", override], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "config error: train.max_update is not a config key (did you mean train.max_updates?); "
+        "`python -m tfx.train --cfg job` lists the train keys\n"
+    )
+
+
 METHODS = {  # method -> (model.norm, init.name, warmup on the toy budget, warmup at IWSLT scale)
     "tfixup": ("none", "tfixup", 0, 0),
     "xavier_noln": ("none", "xavier", 0, 0),
@@ -164,12 +200,41 @@ def test_default_run_is_method_tfixup() -> None:
 
 def test_experiments_set_their_method_and_overrides_still_win() -> None:
     assert load(["+experiment=iwslt_postln"]).optim.warmup_updates == 4000
-    assert load(["+experiment=multi30k_postln"]).optim.warmup_updates == 100
-    assert load(["+experiment=multi30k", "method=deepnorm"]).optim.warmup_updates == 100
+    assert load(["+experiment=multi30k_postln"]).optim.warmup_updates == 400
+    assert load(["+experiment=multi30k", "method=deepnorm", "optim.budget_warmup=100"]).optim.warmup_updates == 100
     assert load(["+experiment=iwslt14_reference"]).optim.name == "radam"  # the method leaves the optimizer alone
     cfg = load(["+experiment=iwslt", "init=xavier", "model.norm=post", "optim.warmup_updates=10"])
     assert (cfg.init.name, cfg.model.norm, cfg.optim.warmup_updates) == ("xavier", "post", 10)
     assert load(["+experiment=iwslt", "optim=adam_warmup"]).optim.warmup_updates == 4000  # a named warmup stays
+
+
+# The setting the converged study chose on valid, per method (docs/converged.md; the README's converged table):
+# (peak lr, dropout, warmup updates). Methods without a row keep lr 5e-4, dropout 0.3 and no warmup.
+MULTI30K_TUNED = {
+    "tfixup": (5e-4, 0.3, 0),
+    "postln": (1e-3, 0.1, 400),
+    "preln": (5e-4, 0.3, 0),
+    "admin": (1e-3, 0.3, 0),
+    "deepnorm": (1e-3, 0.3, 400),
+    "xavier_noln": (5e-4, 0.3, 0),
+    "postln_nowarmup": (5e-4, 0.3, 0),
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_multi30k_runs_each_method_at_its_converged_setting(method: str) -> None:
+    cfg = load(["+experiment=multi30k", f"method={method}"])
+    assert (cfg.optim.lr, cfg.model.dropout, cfg.optim.warmup_updates) == MULTI30K_TUNED[method]
+    assert (cfg.model.norm, cfg.init.name) == METHODS[method][:2]
+    # the command line still wins over the table
+    cfg = load(["+experiment=multi30k", f"method={method}", "optim.lr=3e-4", "model.dropout=0.2"])
+    assert (cfg.optim.lr, cfg.model.dropout) == (3e-4, 0.2)
+
+
+def test_multi30k_postln_is_multi30k_with_method_postln() -> None:
+    baseline, same = load(["+experiment=multi30k_postln"]), load(["+experiment=multi30k", "method=postln"])
+    assert baseline.experiment == "multi30k_postln" and baseline.method == "postln"
+    assert dataclasses.replace(baseline, experiment="multi30k") == same
 
 
 def test_bad_method_names_the_choices() -> None:

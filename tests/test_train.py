@@ -362,3 +362,45 @@ def test_multirun_sweep_makes_self_describing_folders(tmp_path: Path) -> None:
     assert len(runs) == 2
     for n, name in zip((1, 2), runs, strict=True):
         assert f",model.encoder_layers={n}," in name and "train.max_updates=2" in name
+
+
+def numbered_steps(run: Path) -> list[tuple[int, int]]:
+    """(epoch, update) of each numbered checkpoint of ``run``, in update order."""
+    names = [p.stem.split("_")[1:] for p in (run / "checkpoints").glob("checkpoint_*_*.pt")]
+    return sorted(((int(e), int(s)) for e, s in names), key=lambda es: es[1])
+
+
+def test_a_stop_mid_epoch_writes_a_numbered_checkpoint_that_its_epoch_end_replaces(tmp_path: Path) -> None:
+    """``--avg N`` covers the end of training: a run that stops between epoch ends (here max_updates; a time budget
+    or a signal alike) numbers its final state too. Resumed, the run replaces that partial-epoch checkpoint when
+    the epoch ends, so an interrupted run keeps one numbered checkpoint per epoch, as an uninterrupted one."""
+    cfg = tiny_cfg(tmp_path, max_updates=3, save_every_epochs=1)
+    run = tmp_path / "run"
+    train(cfg, run)
+    assert numbered_steps(run) == [(1, 3)]
+    per_epoch = len(make_batches(prepare_data(cfg.data).splits["train"], cfg.data.max_tokens, shuffle=False))
+    assert per_epoch > 4  # the stop above was mid-epoch
+    summary = train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_updates=per_epoch + 2)), run)
+    assert summary["step"] == per_epoch + 2
+    assert numbered_steps(run) == [(1, per_epoch), (2, per_epoch + 2)]
+    train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_updates=per_epoch + 2)), run)  # done
+    assert numbered_steps(run) == [(1, per_epoch), (2, per_epoch + 2)]  # no second copy of the final state
+
+
+def test_the_readme_evaluation_command_works_after_a_time_capped_run(tmp_path: Path) -> None:
+    """The README's recipe then its `scripts/eval_bleu.sh RUN --avg 5 --beam 5`, on a run a time budget ends after
+    fewer than 5 epochs (CPU, fp32): it averages the checkpoints there are, the final state among them, and says so
+    in one line."""
+    cfg = tiny_cfg(tmp_path, max_updates=0, max_minutes=0.03, save_every_epochs=1, valid_max_sentences=4)
+    run = tmp_path / "run"
+    summary = train(cfg, run)
+    numbered = numbered_steps(run)
+    assert 1 <= len(numbered) < 5 and numbered[-1][1] == summary["step"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    readme = ["--avg", "5", "--beam", "5"]  # the README's evaluation command
+    command = [str(REPO / "scripts" / "eval_bleu.sh"), str(run), *readme, "--quiet", "--device", "cpu"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"has {len(numbered)} numbered checkpoint(s), not 5: averaging those {len(numbered)}" in done.stderr
+    avg = load_checkpoint(run / "checkpoints" / f"checkpoint_avg{len(numbered)}.pt")
+    assert avg["step"] == summary["step"] and "BLEU" in done.stdout

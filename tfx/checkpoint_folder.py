@@ -1,12 +1,14 @@
 """The numbered checkpoints of a run folder, oldest first, and "the last N" of them.
 
-``tfx.train`` writes ``checkpoint_<epoch>_<step>.pt``; ``tfx.average`` (``--last``, ``--best-window``)
+``tfx.train`` writes ``checkpoint_<epoch>_<step>.pt`` (at epoch ends, and of the final state when a run stops);
+``tfx.average`` (``--last``, ``--best-window``)
 and ``tfx.evaluate`` (``--avg``) read them. One module below both, so neither imports the other for it.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from tfx.checkpoint import CheckpointError
@@ -30,14 +32,18 @@ def numbered_checkpoints(folder: str | Path) -> list[Path]:
 
 
 def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
-    """The ``n`` numbered checkpoints with the highest step ("the last N")."""
+    """The ``n`` numbered checkpoints with the highest step ("the last N"), or all there are when fewer, with
+    one line on stderr saying so (a short run has few epochs; its final state is numbered too, ``tfx.train``)."""
     if n < 1:
-        raise CheckpointError(f"--last {n}: need at least 1 checkpoint")
+        raise CheckpointError(f"--avg/--last {n}: need at least 1 checkpoint")
     folder = checkpoint_dir(run_dir)
     paths = numbered_checkpoints(folder)
-    if len(paths) < n:
+    if not paths:
         raise CheckpointError(
-            f"{folder} has {len(paths)} numbered checkpoint(s) (checkpoint_<epoch>_<step>.pt): "
-            f"cannot average the last {n}"
+            f"{folder} has no numbered checkpoints (checkpoint_<epoch>_<step>.pt) to average: "
+            "evaluate checkpoint_best.pt (leave out --avg)"
         )
+    if len(paths) < n:
+        have = len(paths)
+        print(f"{folder} has {have} numbered checkpoint(s), not {n}: averaging those {have}", file=sys.stderr)
     return paths[-n:]

@@ -8,6 +8,9 @@ Hydra validates types and unknown keys against these classes (registered in
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,7 +171,8 @@ class OptimConfig:
     eps: float = 1e-8  # Adam epsilon
     weight_decay: float = 1e-4  # decoupled weight decay: p -= lr * weight_decay * p
     warmup_updates: int = 0  # linear warmup length; 0 = T-Fixup's no-warmup schedule (conf/method/ sets it)
-    budget_warmup: int = 4000  # the warmup_updates of a method that warms up (postln, deepnorm, admin) at this budget
+    # the warmup_updates of a method that warms up (postln, deepnorm, admin) at this budget; 0 where a study chose none
+    budget_warmup: int = 4000
     warmup_init_lr: float = 1e-7  # lr at update 0 when warming up
     decay_offset: int = 4000  # no-warmup inverse-sqrt: lr * sqrt(offset / (offset + t))
     offset_decay: bool = False  # after a warmup: lr * sqrt(offset / (offset + t)), not lr * sqrt(W / t)
@@ -179,7 +183,7 @@ class OptimConfig:
         _require(self.name in OPTIMIZERS, f"optim.name={self.name!r}: use one of {tuple(OPTIMIZERS)}")
         _require(self.lr > 0, "optim.lr must be positive")
         _require(self.warmup_updates >= 0, "optim.warmup_updates must be >= 0")
-        _require(self.budget_warmup >= 1, "optim.budget_warmup must be >= 1")
+        _require(self.budget_warmup >= 0, "optim.budget_warmup must be >= 0")
         _require(0.0 <= self.label_smoothing < 1.0, "optim.label_smoothing must be in [0, 1)")
         _require(self.clip_norm >= 0, "optim.clip_norm must be >= 0 (0 = off)")
 
@@ -240,11 +244,23 @@ class TrainConfig:
 
 
 @dataclass
+class TunedSetting:
+    """One method's setting as a study chose it on valid (a row of an experiment's ``tuned`` table)."""
+
+    lr: float  # peak learning rate (optim.lr)
+    dropout: float  # model.dropout
+    warmup: int  # warmup updates where the method warms up (optim.budget_warmup)
+
+
+@dataclass
 class Config:
     """The whole run."""
 
     experiment: str = "default"  # name shown in TensorBoard hparams and run folders
     method: str = "custom"  # the conf/method/ group that set norm, init and warmup; a label (TensorBoard HParams)
+    # method -> {lr, dropout, warmup}: the setting a study chose on valid for this experiment; the experiment's
+    # optim.lr, model.dropout and optim.budget_warmup read their row by ``${method}`` (conf/experiment/multi30k.yaml)
+    tuned: dict[str, TunedSetting] = field(default_factory=dict)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     init: InitConfig = field(default_factory=InitConfig)
@@ -253,6 +269,62 @@ class Config:
 
     def __post_init__(self) -> None:
         check_fits(self.init.name, self.model.norm)
+
+
+def schema_keys(schema: type = Config, prefix: str = "") -> dict[str, bool]:
+    """Every dotted key of ``schema`` (``train.max_updates``) -> whether it is a dict field, whose keys are free
+    (``data.hub_splits.train``)."""
+    hints = typing.get_type_hints(schema)
+    keys = {}
+    for f in dataclasses.fields(schema):
+        key, hint = f"{prefix}{f.name}", hints[f.name]
+        keys[key] = typing.get_origin(hint) is dict
+        if dataclasses.is_dataclass(hint):
+            keys |= schema_keys(hint, f"{key}.")
+    return keys
+
+
+SCHEMA_KEYS = schema_keys()
+
+
+def unknown_key(key: str) -> str | None:
+    """Why dotted ``key`` is not a config key, naming the closest known ones; None when it is one, lies under a
+    dict field, or is Hydra's own (``hydra.*``)."""
+    parts = key.split(".")
+    prefixes = [".".join(parts[:i]) for i in range(1, len(parts))]
+    if key in SCHEMA_KEYS or parts[0] == "hydra" or any(SCHEMA_KEYS.get(p) for p in prefixes):
+        return None
+    close = _closest(key)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    section = parts[0] if len(parts) > 1 and parts[0] in SCHEMA_KEYS else None
+    where = f"; `python -m tfx.train --cfg job` lists the {section} keys" if section else ""
+    return f"{key} is not a config key{hint}{where}"
+
+
+def _closest(key: str) -> list[str]:
+    """The known keys nearest ``key`` in spelling: the nearest, and any as near (``model.encoder_layers or
+    model.decoder_layers`` for ``model.layers``)."""
+    leaf = key.rsplit(".", 1)[-1]
+    if elsewhere := sorted(k for k in SCHEMA_KEYS if k.rsplit(".", 1)[-1] == leaf):
+        return elsewhere  # the right name in the wrong section: train.lr -> optim.lr
+    sections = {k.split(".")[0] for k in SCHEMA_KEYS if "." in k}
+    keys = [k for k in SCHEMA_KEYS if k not in sections]
+    ratios = sorted(((difflib.SequenceMatcher(None, key, k).ratio(), k) for k in keys), reverse=True)
+    best = ratios[0][0]
+    return sorted(k for r, k in ratios if r >= max(0.6, best - 0.02))
+
+
+def check_known_keys(node: Any, prefix: str = "") -> None:
+    """Refuse a composed config holding a key the schema lacks (``+train.max_update=100`` lands there and would
+    otherwise be ignored), naming the closest known key."""
+    from omegaconf import DictConfig
+
+    for name in node:
+        key = f"{prefix}{name}"
+        if (why := unknown_key(key)) is not None:
+            raise ValueError(why)
+        if isinstance(node._get_node(name), DictConfig) and SCHEMA_KEYS.get(key) is False:
+            check_known_keys(node._get_node(name), f"{key}.")
 
 
 def _conf_dir() -> Path:
@@ -272,7 +344,9 @@ def compose_config(overrides: list[str]) -> Config:
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return OmegaConf.to_object(compose("config", overrides=overrides))
+        node = compose("config", overrides=overrides)
+        check_known_keys(node)
+        return OmegaConf.to_object(node)
 
 
 def register_configs() -> None:

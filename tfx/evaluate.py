@@ -53,7 +53,7 @@ def resolve_checkpoint(target: Path, avg: int | None) -> Path:
     folder = checkpoint_dir(target)
     if avg:
         paths = last_checkpoints(target, avg)
-        out = folder / f"checkpoint_avg{avg}.pt"
+        out = folder / f"checkpoint_avg{len(paths)}.pt"  # named for what it averages (fewer, on a short run)
         atomic_save(average_checkpoints(paths), out)
         print(f"averaged {', '.join(p.name for p in paths)} -> {out}", file=sys.stderr)
         return out

@@ -26,12 +26,16 @@ from hydra.experimental.callback import Callback
 
 from tfx.atomic import atomic_copy, atomic_save
 from tfx.checkpoint import RESUME_KEYS, CheckpointError, UnreadableCheckpoint, load_checkpoint, weights_only_payload
+from tfx.checkpoint_folder import NUMBERED
 
 log = logging.getLogger("tfx.train")
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 # Data settings that change where or how fast data is read, not what is read.
 DATA_NOT_TRAJECTORY = ("cache_dir", "num_workers", "hub_cache_dir", "hub_timeout")
+# a default that fills optim.warmup_updates (recorded itself) for the methods that warm up: changing an
+# experiment's default must not refuse the resume of a run whose warmup it did not change
+OPTIM_NOT_TRAJECTORY = ("budget_warmup",)
 
 
 class RunFolderError(CheckpointError):
@@ -83,7 +87,8 @@ def trajectory(config: dict[str, Any], spm_model: bytes, vocab_size: int, world_
         if key not in DATA_NOT_TRAJECTORY:
             items[f"data.{key}"] = value
     for key, value in config["optim"].items():
-        items[f"optim.{key}"] = value
+        if key not in OPTIM_NOT_TRAJECTORY:
+            items[f"optim.{key}"] = value
     items["optimizer"] = optimizer
     items["train.seed"] = config["train"]["seed"]
     items["train.update_freq"] = config["train"]["update_freq"]
@@ -307,9 +312,15 @@ class CheckpointManager:
         )
 
     # ------------------------------------------------------------------------------ saving
-    def save(self, payload: dict[str, Any], write_last: bool, best: bool, numbered_epoch: int | None) -> None:
+    def save(
+        self, payload: dict[str, Any], write_last: bool, best: bool, numbered_epoch: int | None,
+        whole_epoch: bool = False,
+    ) -> None:  # fmt: skip
         """checkpoint_last.pt (full payload) and weights-only best/numbered copies, each atomic.
 
+        ``whole_epoch``: the numbered checkpoint closes its epoch, so it replaces (after it is written) the
+        numbered checkpoints of the same epoch that a stop wrote mid-epoch: an interrupted and resumed run
+        keeps one numbered checkpoint per epoch, and ``--avg N`` averages N epochs, as without the stop.
         A failure from a full disk becomes one line naming the file and the last good checkpoint;
         ``atomic_open`` has already removed the partial temp file and left the previous file intact.
         """
@@ -335,7 +346,19 @@ class CheckpointManager:
                 raise
             raise RunFolderError(f"no space left on device writing {writing}; {self.last_good()}") from err
         if numbered_epoch is not None:
+            if whole_epoch:
+                self._drop_partial_epoch(numbered_epoch, step)
             self._prune_numbered()
+
+    def has_numbered(self, step: int) -> bool:
+        """Whether a numbered checkpoint of update ``step`` exists (the run's end need not write another)."""
+        found = self.dir.iterdir() if self.dir.is_dir() else ()
+        return any(int(m[2]) == step for p in found if (m := NUMBERED.match(p.name)))
+
+    def _drop_partial_epoch(self, epoch: int, step: int) -> None:
+        for path in self.dir.iterdir():
+            if (m := NUMBERED.match(path.name)) and int(m[1]) == epoch and int(m[2]) < step:
+                path.unlink(missing_ok=True)
 
     def last_good(self) -> str:
         if self.last_saved_step is None:

@@ -26,7 +26,7 @@ from torch import nn
 
 from tfx import build, compilation, distributed, sharding
 from tfx.checkpoint import CheckpointError
-from tfx.config import CONF_DIR, Config, register_configs
+from tfx.config import CONF_DIR, Config, check_known_keys, register_configs, unknown_key
 from tfx.data import Batch, DataError
 from tfx.data.plan import TrainBatches
 from tfx.distributed import DeviceError
@@ -147,7 +147,7 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------ checkpoints
-    def save(self, best: bool = False, numbered_epoch: int | None = None) -> None:
+    def save(self, best: bool = False, numbered_epoch: int | None = None, whole_epoch: bool = False) -> None:
         """checkpoint_last.pt unless it already holds this very state; best/numbered weights-only copies.
 
         Only the last checkpoint resumes, so only it carries the optimizer, RNG and iterator state; without
@@ -161,7 +161,7 @@ class Trainer:
         if write_last or best or numbered_epoch is not None:
             payload = checkpoint_payload(self.model, self.optimizer, self.state, self.precision, self.cfg,
                                          self.corpus.tokenizer, self.dist.world_size, rngs)  # fmt: skip
-            self.ckpts.save(payload, write_last, best, numbered_epoch)
+            self.ckpts.save(payload, write_last, best, numbered_epoch, whole_epoch)
 
     # ------------------------------------------------------------------ step
     def train_step(self, batches: list[Batch], record_layers: bool = False) -> dict[str, float]:
@@ -280,8 +280,10 @@ class Trainer:
         finished = self.state.epoch
         self.state.epoch += 1
         self.state.batch_in_epoch = 0
-        every = self.cfg.train.save_every_epochs
-        self.save(best=self._validate(), numbered_epoch=finished if every and finished % every == 0 else None)
+        t = self.cfg.train
+        numbered = finished if t.save_every_epochs and finished % t.save_every_epochs == 0 else None
+        # with numbered saves by epoch only, this one replaces what a stop wrote earlier in the same epoch
+        self.save(best=self._validate(), numbered_epoch=numbered, whole_epoch=not t.save_every_updates)
 
     def _should_stop(self, stop: StopSignal) -> bool:
         """Every rank must agree, or DDP would hang: stop if any rank wants to."""
@@ -314,13 +316,22 @@ class Trainer:
         self._flush()
         # _validate is a no-op when the last epoch end already validated (and saved) this update.
         improved = stop.received is None and self._validate()
-        self.save(best=improved)
+        self.save(best=improved, numbered_epoch=self._final_numbered_epoch())
         if stop.received is not None:
             self.report.stopped(stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt")
         status = self.state.end_status(self.cfg.train) if stop.received is None else f"stopped by {stop.received}"
         self.report.end(self.state.step, status, self.state.train_seconds)
         self.report.final(self.cfg, self.state.best_bleu, self.state.step)
         return {**self.state.summary(), "losses": self.losses, "stopped_by": stop.received}
+
+    def _final_numbered_epoch(self) -> int | None:
+        """The epoch label of a numbered checkpoint of the final state, so that ``--avg N`` covers the end of
+        training (a time budget or a signal stops mid-epoch); None when numbered saves are off or one exists."""
+        t = self.cfg.train
+        written = distributed.broadcast_object(self.ckpts.has_numbered(self.state.step))  # rank 0's folder decides
+        if not (t.save_every_epochs or t.save_every_updates) or written:
+            return None
+        return self.state.epoch if self.state.batch_in_epoch else self.state.epoch - 1
 
 
 def train(cfg: Config, run_dir: Path, on_update: UpdateHook | None = None) -> dict[str, Any]:
@@ -351,6 +362,7 @@ def _main(cfg_node: Any) -> float:
     from omegaconf import OmegaConf
 
     try:
+        check_known_keys(cfg_node)
         cfg: Config = OmegaConf.to_object(cfg_node)
     except ValueError as e:
         log.error("config error: %s", e)
@@ -374,9 +386,22 @@ def _main(cfg_node: Any) -> float:
     return summary["best_bleu"]
 
 
+def refuse_unknown_overrides(argv: list[str]) -> None:
+    """Exit 2 with one line for a command-line ``key=value`` (``+``/``++``/``~`` too) that names no config key, with
+    the closest known ones: Hydra's own refusal is eight lines without a suggestion, and with ``+`` it accepts it."""
+    for arg in argv:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if arg.startswith("-") or "=" not in arg or "." not in key:
+            continue  # an option, or a config group choice (method=preln, +experiment=iwslt)
+        if (why := unknown_key(key)) is not None:
+            print(f"config error: {why}", file=sys.stderr)
+            sys.exit(2)
+
+
 def main() -> None:
     import hydra
 
+    refuse_unknown_overrides(sys.argv[1:])
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_main)()
 
 
