@@ -391,7 +391,9 @@ def test_the_readme_evaluation_command_works_after_a_time_capped_run(tmp_path: P
     """The README's recipe then its `scripts/eval_bleu.sh RUN --avg 5 --beam 5`, on a run a time budget ends after
     fewer than 5 epochs (CPU, fp32): it averages the checkpoints there are, the final state among them, and says so
     in one line."""
-    cfg = tiny_cfg(tmp_path, max_updates=0, max_minutes=0.03, save_every_epochs=1, valid_max_sentences=4)
+    cfg = tiny_cfg(
+        tmp_path, {"toy_train_size": 4000}, max_updates=0, max_minutes=0.02, save_every_epochs=1, valid_max_sentences=4
+    )  # fmt: skip  (over 300 updates an epoch: the budget ends one mid-way)
     run = tmp_path / "run"
     summary = train(cfg, run)
     numbered = numbered_steps(run)
@@ -404,3 +406,24 @@ def test_the_readme_evaluation_command_works_after_a_time_capped_run(tmp_path: P
     assert f"has {len(numbered)} numbered checkpoint(s), not 5: averaging those {len(numbered)}" in done.stderr
     avg = load_checkpoint(run / "checkpoints" / f"checkpoint_avg{len(numbered)}.pt")
     assert avg["step"] == summary["step"] and "BLEU" in done.stdout
+
+
+def test_a_run_ends_by_saying_how_far_it_went_and_what_to_run_next(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end-of-run summary: updates, epochs, times, the best valid BLEU and its checkpoint, and the commands
+    that evaluate and translate it, with paths as typed from the current folder (CPU, fp32)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny_cfg(tmp_path, max_updates=0, max_epochs=2, save_every_epochs=1, valid_max_sentences=4)
+    with caplog.at_level("INFO", logger="tfx.train"):
+        summary = train(cfg, tmp_path / "run")
+    lines = [r.getMessage() for r in caplog.records if r.name == "tfx.train"]
+    done = next(line for line in lines if line.startswith("done (completed): "))
+    assert done.startswith(f"done (completed): {summary['step']} updates, 2.00 epochs, ")
+    best = load_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_best.pt")
+    assert (
+        f"best valid BLEU {summary['best_bleu']:.2f} at update {best['step']}: run/checkpoints/checkpoint_best.pt"
+        in lines
+    )
+    assert f"test BLEU:  {REPO / 'scripts' / 'eval_bleu.sh'} run --avg 2 --beam 5" in lines
+    assert "translate:  python -m tfx.translate run/checkpoints/checkpoint_best.pt --input FILE --beam 5" in lines

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tfx.checkpoint_folder import numbered_checkpoints
 from tfx.config import Config
 from tfx.dashboard import HPARAMS_SHOWN, LAYOUT, LayerHistory, hparams, split_layer_stats
 from tfx.logger import RunLogger
@@ -25,7 +26,10 @@ from tfx.validate import ValidResult
 if TYPE_CHECKING:
     import torch
 
+    from tfx.train_state import TrainState
+
 log = logging.getLogger("tfx.train")
+EVAL_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "eval_bleu.sh"  # in a checkout, not in a wheel
 
 
 class Reporter:
@@ -85,7 +89,7 @@ class Reporter:
         self.jsonl.write("valid", step, metrics)
         self.tb.translations("valid/samples", result.samples, step)
         log.info(
-            "validation at update %d (%.1f train min): loss %.3f | BLEU %.2f (best %.2f) | %s",
+            "validation at update %d (%.1f train min): loss %.3f bits/tok | BLEU %.2f (best %.2f) | %s",
             step, train_minutes, result.metrics["valid/loss"], result.bleu, best_bleu, result.signature,
         )  # fmt: skip
 
@@ -102,9 +106,37 @@ class Reporter:
         """The HParams-tab row of this run."""
         self.tb.hparams(hparams(cfg), {"hparam/best_bleu": best_bleu, "hparam/updates": step}, HPARAMS_SHOWN)
 
+    def summary(self, state: TrainState, epochs: float, wall_seconds: float, ckpt_dir: Path, status: str) -> None:
+        """The run's last lines: how far it went, its best checkpoint, and the commands that evaluate and use it."""
+        if self.jsonl.path is None:  # not rank 0
+            return
+        run_dir = ckpt_dir.parent
+        log.info(
+            "done (%s): %d updates, %.2f epochs, %.1f train min, %.1f min wall", status, state.step, epochs,
+            state.train_seconds / 60, wall_seconds / 60,
+        )  # fmt: skip
+        if state.best_step < 0:
+            log.info("no validation ran: checkpoints in %s", ckpt_dir)
+            return
+        best = ckpt_dir / "checkpoint_best.pt"
+        log.info("best valid BLEU %.2f at update %d: %s", state.best_bleu, state.best_step, _shown(best))
+        avg = min(len(numbered_checkpoints(ckpt_dir)), 5)  # the README's --avg 5, or what a short run has
+        evaluate = _shown(EVAL_SCRIPT) if EVAL_SCRIPT.is_file() else "python -m tfx.evaluate"  # a checkout, or a wheel
+        log.info("test BLEU:  %s %s%s --beam 5", evaluate, _shown(run_dir), f" --avg {avg}" if avg > 1 else "")
+        log.info("translate:  python -m tfx.translate %s --input FILE --beam 5", _shown(best))
+        log.info("curves:     tensorboard --logdir %s", _shown(run_dir.parent))
+
     def close(self) -> None:
         self.tb.close()  # also when training diverged: flush what TensorBoard has
         self.jsonl.close()
+
+
+def _shown(path: Path) -> str:
+    """``path`` as typed from the current folder: relative below it, absolute elsewhere."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def describe(cfg: Config) -> str:

@@ -30,7 +30,7 @@ from tfx.config import CONF_DIR, Config, check_known_keys, register_configs, unk
 from tfx.data import Batch, DataError
 from tfx.data.plan import TrainBatches
 from tfx.distributed import DeviceError
-from tfx.logger import Progress
+from tfx.logger import Budget, Progress
 from tfx.optim import lr_at
 from tfx.precision import PrecisionError
 from tfx.prefetch import Prefetcher
@@ -107,10 +107,10 @@ class Trainer:
         main_dir = self.run_dir if self.dist.is_main else None  # rank 0 alone writes
         self.report = Reporter(main_dir, self.state.step, cfg.train.log_every_updates)
         self.probe = build.output_probe(self.model, self.corpus, cfg.train, self.state.step, self.device)
-        self.progress = Progress(
-            self.dist.is_main and cfg.train.progress, cfg.train.max_updates or None, self.state.step,
-            cfg.train.log_every_updates,
-        )  # fmt: skip
+        shown = self.dist.is_main and cfg.train.progress
+        budget = Budget(cfg.train.max_updates or None, cfg.train.max_epochs or None, 60 * cfg.train.max_minutes or None)
+        self.progress = Progress(shown, budget, self.state.step, cfg.train.log_every_updates)
+        self._epoch_batches = 0  # batches in the current epoch (the summary's fraction of an epoch)
         self._pending: list[Pending] = []  # updates queued on the device, not read yet (tfx.step)
         self._prefetch: Prefetcher[list[Batch]] = Prefetcher(enabled=self.device.type == "cuda")
         self._saved_state: TrainState | None = None  # what checkpoint_last.pt holds (never write it twice)
@@ -192,20 +192,29 @@ class Trainer:
         """Epochs of updates until the budget is spent or a signal arrives; then validate and save."""
         n_params = sum(p.numel() for p in self.model.parameters())
         self.report.start(self.run_dir, self.cfg, n_params, self.device, self.precision.name, self.dist.world_size)
+        started = time.perf_counter()
         with StopSignal() as stop:
             try:
-                while not self._should_stop(stop):
-                    batches = self.batches.epoch(self.state.epoch)
-                    while self.state.batch_in_epoch < len(batches) and not self._should_stop(stop):
-                        self._update(batches)
-                        self._validate_and_save_if_due()
-                    if self.state.batch_in_epoch >= len(batches):
-                        self._end_epoch()
+                with self.progress.shown():  # a bar on a terminal, log lines above it
+                    self._loop(stop)
             except TrainingDiverged:
                 self.report.end(self.state.step, "diverged", self.state.train_seconds)
                 raise
-        self.progress.close()
-        return self._finish(stop)
+        return self._finish(stop, time.perf_counter() - started)
+
+    def _loop(self, stop: StopSignal) -> None:
+        """Epochs of updates, each validating and saving at its end, until a limit or a signal stops them."""
+        while not self._should_stop(stop):
+            batches = self.batches.epoch(self.state.epoch)
+            self._epoch_batches = len(batches)
+            left = math.ceil((len(batches) - self.state.batch_in_epoch) / self.cfg.train.update_freq)
+            per_epoch = math.ceil(len(batches) / self.cfg.train.update_freq)
+            self.progress.epoch_planned(self.state.step + left - per_epoch, self.state.epoch, per_epoch)
+            while self.state.batch_in_epoch < len(batches) and not self._should_stop(stop):
+                self._update(batches)
+                self._validate_and_save_if_due()
+            if self.state.batch_in_epoch >= len(batches):
+                self._end_epoch()
 
     def _update(self, batches: list) -> None:
         """Queue one update from the next ``update_freq`` batches; read the queue when anything is due."""
@@ -250,7 +259,7 @@ class Trainer:
                 self.on_update(self, metrics)
             layers = any(k.startswith("layers/") for k in metrics)
             self.report.scalars(self.state.step, self.state.epoch, metrics, force=layers)
-            self.progress.update(self.state.step, self.state.epoch, metrics)
+            self.progress.update(self.state.step, self.state.epoch, metrics, self.state.train_seconds)
 
     def _save_or_valid_due(self, step: int) -> tuple[bool, bool]:
         """(numbered save due, validation due) at update ``step``."""
@@ -305,14 +314,17 @@ class Trainer:
         if result is not None:
             improved = result.bleu > self.state.best_bleu
             self.state.best_bleu = max(self.state.best_bleu, result.bleu)
+            self.state.best_step = self.state.step if improved else self.state.best_step
             self.report.valid(self.state.step, result, self.state.best_bleu, self.state.train_seconds / 60)
         # Every rank keeps the same state (save decides from it) and learns whether this was the best.
-        improved, self.state.best_bleu = distributed.broadcast_object((improved, self.state.best_bleu))
+        improved, self.state.best_bleu, self.state.best_step = distributed.broadcast_object(
+            (improved, self.state.best_bleu, self.state.best_step)
+        )
         self.state.stale_validations = 0 if improved else self.state.stale_validations + 1
         self.report.restart_window()  # validation time is not training throughput
         return improved
 
-    def _finish(self, stop: StopSignal) -> dict[str, Any]:
+    def _finish(self, stop: StopSignal, wall_seconds: float) -> dict[str, Any]:
         self._flush()
         # _validate is a no-op when the last epoch end already validated (and saved) this update.
         improved = stop.received is None and self._validate()
@@ -322,6 +334,8 @@ class Trainer:
         status = self.state.end_status(self.cfg.train) if stop.received is None else f"stopped by {stop.received}"
         self.report.end(self.state.step, status, self.state.train_seconds)
         self.report.final(self.cfg, self.state.best_bleu, self.state.step)
+        epochs = self.state.epoch - 1 + self.state.batch_in_epoch / max(self._epoch_batches, 1)
+        self.report.summary(self.state, epochs, wall_seconds, self.ckpts.dir, status)
         return {**self.state.summary(), "losses": self.losses, "stopped_by": stop.received}
 
     def _final_numbered_epoch(self) -> int | None:

@@ -35,6 +35,7 @@ class TrainState:
     batch_in_epoch: int = 0  # index of this rank's next batch in the current epoch
     train_seconds: float = 0.0  # wall time spent in training steps (validation excluded)
     best_bleu: float = -1.0
+    best_step: int = -1  # the update of the best valid BLEU (checkpoint_best.pt's); -1 before any validation
     bad_steps: int = 0  # consecutive non-finite steps
     skipped_steps: int = 0  # all non-finite steps so far
     overflow_steps: int = 0  # fp16 updates skipped by the loss scaler (not divergence; not in bad_steps)
