@@ -25,3 +25,23 @@ def test_missing_or_foreign_files_are_one_line_errors(tmp_path: Path) -> None:
     torch.save({"weights": torch.ones(1)}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="not a tfx checkpoint"):
         load_checkpoint(tmp_path / "other.pt")
+
+
+class NotATensor:
+    """A pickled object a weights-only load refuses (a file from elsewhere renamed .pt)."""
+
+
+def test_an_unreadable_checkpoint_says_why_in_a_few_words_not_torchs_advice(tmp_path: Path) -> None:
+    """torch.load's weights-only refusal is a paragraph of advice with terminal colours; the first 160 characters
+    of it ended mid-word ("Re-running `torch.)"). The error keeps the file and the reason, in one line."""
+    foreign, image = tmp_path / "foreign.pt", tmp_path / "picture.pt"
+    torch.save({"model": NotATensor(), "config": {}}, foreign)
+    image.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))
+    for path, why in [
+        (foreign, f"it holds a {__name__}.NotATensor object, which a weights-only load refuses"),
+        (image, "not a pickle of tensors that a weights-only load reads"),
+    ]:
+        with pytest.raises(CheckpointError) as info:
+            load_checkpoint(path)
+        message = str(info.value)
+        assert message == f"checkpoint {path} is unreadable ({why}): it is truncated, corrupt or not a checkpoint"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_cfg
-from tfx.dashboard import HPARAMS_SHOWN, LayerHistory, split_layer_stats
+from tfx.dashboard import HPARAMS_METRICS, HPARAMS_SHOWN, LayerHistory, split_layer_stats
 from tfx.heatmap import NON_FINITE, NON_POSITIVE, STOPS, colors, render
 from tfx.metrics_log import FILENAME, read_metrics
 from tfx.train import train
@@ -112,11 +112,17 @@ def test_hparams_columns_include_method_and_optimizer(deep_run: DeepRun) -> None
     data = plugin_data_pb2.HParamsPluginData.FromString(start.metadata.plugin_data.content)
     columns = data.session_start_info.hparams
     assert columns["method"].string_value == "custom" and columns["optim"].string_value == "adam"
+    # integers read as integers (TensorBoard shows a number as "20.000"); the lr stays a number
+    assert columns["encoder_layers"].string_value == "20" and columns["lr"].number_value == 2e-3
     (experiment,) = [v for v in deep_run.values if v.tag == "_hparams_/experiment"]
     data = plugin_data_pb2.HParamsPluginData.FromString(experiment.metadata.plugin_data.content)
     infos = data.experiment.hparam_infos
     # the columns TensorBoard's table displays before anyone ticks a box
     assert {i.name for i in infos if i.differs} == set(HPARAMS_SHOWN) and {"method", "optim"} <= set(HPARAMS_SHOWN)
+    # the metric columns are scalars the run logs anyway, under short names: no single-point hparam/* charts
+    metrics = {m.name.tag: m.display_name for m in data.experiment.metric_infos}
+    assert metrics == HPARAMS_METRICS and set(metrics) <= set(deep_run.acc.Tags()["scalars"])
+    assert not [t for t in deep_run.acc.Tags()["scalars"] if t.startswith("hparam/")]
 
 
 @pytest.mark.parametrize("method", ["tfixup", "postln"])

@@ -76,3 +76,21 @@ def test_errors_are_one_line(problem: str, checkpoint: Path, tmp_path: Path, cap
     assert translate.main(args) == 1
     err = capsys.readouterr().err
     assert err.startswith("error:") and err.count("\n") == 1, err
+
+
+def test_threads_option_sets_torchs_cpu_threads(checkpoint: Path, tmp_path: Path) -> None:
+    """--threads N (tfx.translate, tfx.evaluate, tfx.average): N torch threads for the decode; 0 leaves the default."""
+    import torch
+
+    src = tmp_path / "in.txt"
+    src.write_text("Ein Hund läuft.\n", encoding="utf-8")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert translate.main([str(checkpoint), "--input", str(src), "--output", str(tmp_path / "o"), "--quiet",
+                               "--threads", "1"]) == 0  # fmt: skip
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(SystemExit):
+        translate.parse_args([str(checkpoint), "--threads", "-1"])

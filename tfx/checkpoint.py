@@ -22,6 +22,7 @@ and, in ``checkpoint_last.pt`` only (the one a run resumes from; see ``RESUME_KE
 from __future__ import annotations
 
 import functools
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -73,13 +74,25 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
-        why = (str(e).strip().splitlines() or [""])[0][:160]
         raise UnreadableCheckpoint(
-            f"checkpoint {path} is unreadable ({type(e).__name__}: {why}): it is truncated, corrupt or not a checkpoint"
+            f"checkpoint {path} is unreadable ({_why_unreadable(e)}): it is truncated, corrupt or not a checkpoint"
         ) from e
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
         raise CheckpointError(f"checkpoint {path} has no 'model'/'config' entries: not a tfx checkpoint")
     return ckpt
+
+
+def _why_unreadable(err: Exception) -> str:
+    """``torch.load``'s failure in a few words: its first sentence without terminal colours, not its paragraph of
+    advice on ``weights_only=False`` (tfx never unpickles code from a file)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()
+    if text.startswith("Weights only load failed"):
+        unsupported = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+        if unsupported:  # a pickle of other objects than tensors and plain values: not written by tfx
+            return f"it holds a {unsupported[1]} object, which a weights-only load refuses"
+        return "not a pickle of tensors that a weights-only load reads"
+    first = re.split(r"(?<=\.)\s", (text.splitlines() or [""])[0])[0]
+    return f"{type(err).__name__}: {first if len(first) <= 120 else first[:117].rsplit(' ', 1)[0] + ' ...'}"
 
 
 def build_from_checkpoint(ckpt: dict[str, Any], device: str | torch.device = "cpu"):

@@ -48,6 +48,11 @@ LAYOUT: dict[str, dict[str, list[Any]]] = {
 HPARAMS_SHOWN = ("method", "optim", "encoder_layers", "warmup_updates")
 
 
+# The HParams table's metric columns: scalars every run logs, each shown at its last value (TensorBoard's rule),
+# under a short name. valid/best_bleu's last value is the run's best.
+HPARAMS_METRICS = {"valid/best_bleu": "best BLEU", "valid/bleu": "last BLEU", "train/epoch": "epochs"}
+
+
 def hparams(cfg: Config) -> dict[str, Any]:
     """The HParams-tab columns: what a comparison of runs varies."""
     return {

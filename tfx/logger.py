@@ -56,21 +56,23 @@ class RunLogger:
         self.writer.add_text(tag, "\n".join(lines), step)
 
     def hparams(
-        self, params: Mapping[str, float | int | str | bool], metrics: Mapping[str, float], shown: Collection[str] = ()
+        self, params: Mapping[str, float | int | str | bool], metrics: Mapping[str, str], shown: Collection[str] = ()
     ) -> None:
         """Write the HParams-tab entry into this run's own event file (not a sub-run).
 
-        ``shown``: the columns the table displays before anyone ticks a box (at most five; see ``_show``).
+        ``metrics``: scalar tags the run already logs -> their column names; TensorBoard shows each tag's last
+        value, so no extra single-point scalar is written (it would be an empty chart on the Time Series page).
+        ``shown``: the columns the table displays before anyone ticks a box (at most five; see ``_label``).
         """
         if self.writer is None:
             return
-        experiment, session_start, session_end = hparams(dict(params), dict(metrics))
-        _show(experiment, set(shown))
+        # TensorBoard prints every number with five significant digits (2 layers as "2.0000"): integers go as text
+        shown_params = {k: str(v) if type(v) is int else v for k, v in params.items()}
+        experiment, session_start, session_end = hparams(shown_params, dict.fromkeys(metrics, 0.0))
+        _label(experiment, set(shown), metrics)
         file_writer = self.writer._get_file_writer()  # public API writes hparams to a sub-run
         for summary in (experiment, session_start, session_end):
             file_writer.add_summary(summary)
-        for tag, value in metrics.items():
-            self.writer.add_scalar(tag, value)
 
     def flush(self) -> None:
         if self.writer is not None:
@@ -81,18 +83,21 @@ class RunLogger:
             self.writer.close()
 
 
-def _show(experiment: Any, shown: set[str]) -> None:
-    """Mark ``shown`` columns of an HParams experiment summary as ``differs``, in place.
+def _label(experiment: Any, shown: set[str], metric_names: Mapping[str, str]) -> None:
+    """Mark ``shown`` columns of an HParams experiment summary as ``differs`` and name the metric columns, in place.
 
     TensorBoard's table displays the first five columns after sorting those that differ between runs
     first, then by name; it computes ``differs`` only when no run wrote an experiment summary, and we
     write one (it fixes the metric columns). So without this the five are simply the first by name
-    (d_model, data, decoder_layers, ...), and ``method`` stays hidden.
+    (d_model, data, decoder_layers, ...), and ``method`` stays hidden. Short metric names keep the columns
+    on screen (a tag such as ``valid/best_bleu`` was cut off).
     """
     for value in experiment.value:
         data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
         for info in data.experiment.hparam_infos:
             info.differs = info.name in shown
+        for metric in data.experiment.metric_infos:
+            metric.display_name = metric_names.get(metric.name.tag, metric.name.tag)
         value.metadata.plugin_data.content = data.SerializeToString()
 
 

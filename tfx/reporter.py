@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from tfx.checkpoint_folder import numbered_checkpoints
 from tfx.config import Config
-from tfx.dashboard import HPARAMS_SHOWN, LAYOUT, LayerHistory, hparams, split_layer_stats
+from tfx.dashboard import HPARAMS_METRICS, HPARAMS_SHOWN, LAYOUT, LayerHistory, hparams, split_layer_stats
 from tfx.logger import RunLogger
 from tfx.metrics_log import MetricsLog
 from tfx.validate import ValidResult
@@ -102,9 +102,9 @@ class Reporter:
         if status.startswith("early stop"):
             log.info("%s at update %d", status, step)
 
-    def final(self, cfg: Config, best_bleu: float, step: int) -> None:
+    def final(self, cfg: Config) -> None:
         """The HParams-tab row of this run."""
-        self.tb.hparams(hparams(cfg), {"hparam/best_bleu": best_bleu, "hparam/updates": step}, HPARAMS_SHOWN)
+        self.tb.hparams(hparams(cfg), HPARAMS_METRICS, HPARAMS_SHOWN)
 
     def summary(self, state: TrainState, epochs: float, wall_seconds: float, ckpt_dir: Path, status: str) -> None:
         """The run's last lines: how far it went, its best checkpoint, and the commands that evaluate and use it."""
@@ -124,7 +124,8 @@ class Reporter:
         evaluate = _shown(EVAL_SCRIPT) if EVAL_SCRIPT.is_file() else "python -m tfx.evaluate"  # a checkout, or a wheel
         log.info("test BLEU:  %s %s%s --beam 5", evaluate, _shown(run_dir), f" --avg {avg}" if avg > 1 else "")
         log.info("translate:  python -m tfx.translate %s --input FILE --beam 5", _shown(best))
-        log.info("curves:     tensorboard --logdir %s", _shown(run_dir.parent))
+        top = Path(_shown(run_dir)).parts[0] if not Path(_shown(run_dir)).is_absolute() else str(run_dir.parent)
+        log.info("curves:     tensorboard --logdir %s, then http://localhost:6006/#custom_scalars", top)
 
     def close(self) -> None:
         self.tb.close()  # also when training diverged: flush what TensorBoard has

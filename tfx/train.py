@@ -333,7 +333,7 @@ class Trainer:
             self.report.stopped(stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt")
         status = self.state.end_status(self.cfg.train) if stop.received is None else f"stopped by {stop.received}"
         self.report.end(self.state.step, status, self.state.train_seconds)
-        self.report.final(self.cfg, self.state.best_bleu, self.state.step)
+        self.report.final(self.cfg)
         epochs = self.state.epoch - 1 + self.state.batch_in_epoch / max(self._epoch_batches, 1)
         self.report.summary(self.state, epochs, wall_seconds, self.ckpts.dir, status)
         return {**self.state.summary(), "losses": self.losses, "stopped_by": stop.received}

@@ -64,7 +64,7 @@ def write_lines(path: str | Path | None, lines: Sequence[str]) -> None:
 
 
 def add_decoding_args(parser: argparse.ArgumentParser) -> None:
-    """Options shared by ``tfx.translate`` and ``tfx.evaluate``."""
+    """Options shared by ``tfx.translate``, ``tfx.evaluate`` and ``tfx.average --best-window``."""
     parser.add_argument("--beam", type=int, default=decode.BEAM, help="beam size (1 = greedy)")
     parser.add_argument("--lenpen", type=float, default=decode.LENPEN, help="score = logprob / len**lenpen")
     parser.add_argument("--max-tokens", type=int, default=decode.MAX_TOKENS, help="padded source tokens per batch")
@@ -72,6 +72,9 @@ def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-len-b", type=int, default=decode.MAX_LEN_B, help="max output length = a*src_len+b")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--bf16", action="store_true", help="run the model under bf16 autocast")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="CPU threads (torch.set_num_threads); 0 = torch's default"
+    )
 
 
 def translate_with_args(
@@ -107,10 +110,15 @@ def run_reporting_errors(action: Callable[[], object]) -> int:
 
 
 def check_decoding_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad decoding options; apply ``--threads`` (before any model is built or any data is read)."""
     if args.beam < 1:
         parser.error("--beam must be >= 1")
     if args.max_tokens < 1:
         parser.error("--max-tokens must be >= 1")
+    if args.threads < 0:
+        parser.error("--threads must be >= 0 (0 = torch's default)")
+    if args.threads:
+        torch.set_num_threads(args.threads)  # e.g. 1 per process when several decode at once on a small CPU
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
