@@ -81,8 +81,7 @@ def test_last_n_means_highest_steps(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     assert [p.name for p in last_checkpoints(run, 2)] == ["checkpoint_9_1700.pt", "checkpoint_10_1800.pt"]
     assert [p.name for p in last_checkpoints(run / "checkpoints", 1)] == ["checkpoint_10_1800.pt"]
-    with pytest.raises(CheckpointError, match="has 4 numbered"):
-        last_checkpoints(run, 5)
+    assert len(last_checkpoints(run, 5)) == 4  # fewer than asked: all there are (tests/test_average_cli.py)
     out = tmp_path / "avg.pt"
     assert average.main(["--run-dir", str(run), "--last", "3", "--output", str(out)]) == 0
     assert [Path(p).name for p in load_checkpoint(out)["averaged_from"]] == [
