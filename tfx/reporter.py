@@ -115,11 +115,12 @@ class Reporter:
             "done (%s): %d updates, %.2f epochs, %.1f train min, %.1f min wall", status, state.step, epochs,
             state.train_seconds / 60, wall_seconds / 60,
         )  # fmt: skip
-        if state.best_step < 0:
-            log.info("no validation ran: checkpoints in %s", ckpt_dir)
+        if state.best_bleu < 0:
+            log.info("no validation ran: checkpoints in %s", _shown(ckpt_dir))
             return
         best = ckpt_dir / "checkpoint_best.pt"
-        log.info("best valid BLEU %.2f at update %d: %s", state.best_bleu, state.best_step, _shown(best))
+        at = f" at update {state.best_step}" if state.best_step >= 0 else ""  # (resumed from a checkpoint without it)
+        log.info("best valid BLEU %.2f%s: %s", state.best_bleu, at, _shown(best))
         avg = min(len(numbered_checkpoints(ckpt_dir)), 5)  # the README's --avg 5, or what a short run has
         evaluate = _shown(EVAL_SCRIPT) if EVAL_SCRIPT.is_file() else "python -m tfx.evaluate"  # a checkout, or a wheel
         log.info("test BLEU:  %s %s%s --beam 5", evaluate, _shown(run_dir), f" --avg {avg}" if avg > 1 else "")
