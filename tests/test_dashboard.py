@@ -130,3 +130,12 @@ def test_method_is_the_hparams_label_of_the_composed_config(method: str) -> None
     from tfx.config import compose_config
 
     assert compose_config([f"method={method}"]).method == method
+
+
+def test_the_docs_name_the_text_tag_a_run_writes(deep_run: DeepRun) -> None:
+    """TensorBoard stores add_text under ``<tag>/text_summary``; the docs said ``valid/samples``, a tag no run has."""
+    from tests.conftest import REPO
+
+    assert "valid/samples/text_summary" in deep_run.acc.Tags()["tensors"]
+    for doc in ("docs/training.md", "docs/dashboard.md"):
+        assert "`valid/samples/text_summary`" in (REPO / doc).read_text(), doc
