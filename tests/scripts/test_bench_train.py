@@ -137,7 +137,7 @@ def test_packed_run_compiles_static_once_and_times_the_torch_peer(
     assert "packed batches (synthetic, lengths [16]; rows x src/tgt: 8x16/16; compile would be static)" in out
     on = table_rows(out, "on")
     tfx_on = next(r for r in on if len(r) == len(bench.COLUMNS))
-    assert int(tfx_on[2]) == 128 and 1 <= int(tfx_on[8]) <= bench.EXPECTED_GRAPHS and tfx_on[9] == "0"
+    assert int(tfx_on[2]) == 128 and 1 <= int(tfx_on[8]) <= bench.GRAPHS_PER_SCOPE["layers"] and tfx_on[9] == "0"
     peers = [r for r in table_rows(out, "off") + on if len(r) == 6]  # the peer table: compile off and on
     assert [r[0] for r in peers] == ["off", "on"]
     for r in peers:
