@@ -45,8 +45,9 @@ breakdown of the first setting by operator family (self time, so nothing is coun
 Peers, in the same invocation:
 
 - ``--torch-peer``: ``scripts/torch_peer.py``'s ``PeerTrainer`` (nn.Transformer Post-LN, fused
-  AdamW, bf16, torch.compile static) on the very same synthetic batches, compile on/off as each tfx
-  row; prints its target tokens/s and the ratio tfx / peer.
+  AdamW, torch.compile static with the same backend) on the very same synthetic batches, in tfx's
+  precision (bf16 autocast or fp32) and compile on/off as each tfx row, on CPU as on CUDA; prints
+  its target tokens/s and the ratio tfx / peer. The peer table's header says the peer's precision.
 - ``--peer`` (implies ``--real-data``): ``../shared/bench/fairseq_peer.sh`` (fairseq 0.12.2,
   ``transformer_iwslt_de_en``, Multi30k, ``OMP_NUM_THREADS=--threads``), both sides steady state
   (fairseq's ``train_inner`` lines after the first, tfx's ``--steps`` after ``--warmup``);
@@ -404,14 +405,16 @@ class TorchPeerResult:
 
 
 def measure_torch_peer(cfg: Config, args: argparse.Namespace, batches: list[Batch], compile_model: bool):
-    """PeerTrainer on the very same batches (on the device), the same warm-up and timed updates."""
+    """PeerTrainer on the very same batches (on the device), the same warm-up and timed updates, in tfx's
+    precision (bf16 autocast or fp32: the same arithmetic on both sides) and compile setting and backend."""
     peer = load_torch_peer()
     device = torch.device(args.device)
     m = cfg.model
     sizes = dict(d_model=m.d_model, heads=m.heads, ffn_dim=m.ffn_dim, n_enc=m.encoder_layers, n_dec=m.decoder_layers)
     reset_compile_counts()
     torch.manual_seed(cfg.train.seed)
-    trainer = peer.PeerTrainer(args.vocab, sizes, device, compile_model, backend=args.compile_backend)
+    bf16 = Precision(cfg.train.precision, device).bf16
+    trainer = peer.PeerTrainer(args.vocab, sizes, device, compile_model, backend=args.compile_backend, bf16=bf16)
     on_device = [(b.src_tokens.to(device), b.prev_output_tokens.to(device), b.target.to(device), b.ntokens)
                  for b in batches]  # fmt: skip
     seconds, tokens = peer.time_steps(trainer, on_device, args.warmup, args.steps)
@@ -681,8 +684,9 @@ def rows(cfg: Config, args: argparse.Namespace, batches: list[Batch]) -> tuple[l
     if profiled and len(results) > 1:  # the rows together again, below the profile
         print("\n".join([table_header(cfg, args, batches), *map(table_row, results)]), flush=True)
     if peers:
-        print(f"\ntorch peer (scripts/torch_peer.py) on the same batches:\n\n{PEER_HEADER}\n" + "\n".join(peers),
-              flush=True)  # fmt: skip
+        precision = Precision(cfg.train.precision, torch.device(args.device)).name  # the peer's too
+        print(f"\ntorch peer (scripts/torch_peer.py, {precision}) on the same batches:\n\n{PEER_HEADER}\n"
+              + "\n".join(peers), flush=True)  # fmt: skip
     return results, failed
 
 

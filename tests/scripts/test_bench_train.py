@@ -19,6 +19,7 @@ from tfx.data import BOS, PAD, Batch
 from tfx.data.packing import collate_packed, pack_first_fit
 from tfx.model import Transformer
 from tfx.model.packing import Packing
+from tfx.precision import Precision
 
 TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.ffn_dim=64",
         "data.max_tokens=128", "data.vocab_size=200"]  # fmt: skip
@@ -138,6 +139,8 @@ def test_packed_run_compiles_static_once_and_times_the_torch_peer(
     on = table_rows(out, "on")
     tfx_on = next(r for r in on if len(r) == len(bench.COLUMNS))
     assert int(tfx_on[2]) == 128 and 1 <= int(tfx_on[8]) <= bench.GRAPHS_PER_SCOPE["layers"] and tfx_on[9] == "0"
+    tfx_precision = Precision("auto", torch.device("cpu")).name  # TINY leaves train.precision=auto
+    assert f"torch peer (scripts/torch_peer.py, {tfx_precision}) on the same batches" in out  # the peer's too
     peers = [r for r in table_rows(out, "off") + on if len(r) == 6]  # the peer table: compile off and on
     assert [r[0] for r in peers] == ["off", "on"]
     for r in peers:
