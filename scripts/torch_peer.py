@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -73,11 +74,12 @@ class PeerTrainer:
         device: torch.device,
         compile_model: bool,
         lr: float = 5e-4,
-        backend: str = "inductor",
+        backend: str | Callable = "inductor",
         bf16: bool | None = None,
         dropout: float = 0.3,
     ):
-        """``backend``: torch.compile's (``eager`` traces only: a quick dry run on CPU). ``bf16``: autocast to
+        """``backend``: torch.compile's, a name or a callable (``eager`` traces only: a quick dry run on CPU; tests
+        wrap inductor to see its graph). ``bf16``: autocast to
         bf16 (None: where the device has it natively, ``native_bf16``); bench_train.py passes tfx's precision.
         ``dropout``: the iwslt recipe's 0.3 (tests set 0, to compare compiled and eager losses)."""
         self.device = device

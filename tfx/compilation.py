@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch._dynamo.utils import counters
 
 from tfx.config import COMPILE_SCOPES
 from tfx.model import Transformer
@@ -66,8 +65,17 @@ class CompileCounts:
                              self.graph_breaks - earlier.graph_breaks)  # fmt: skip
 
 
+def _counters() -> dict:
+    """Dynamo's process-wide counters, imported when first asked for: importing torch._dynamo costs 1-2 s, which
+    every ``python -m tfx.train`` would pay at start-up, compiling or not."""
+    from torch._dynamo.utils import counters
+
+    return counters
+
+
 def compile_counts() -> CompileCounts:
     """Dynamo's counts now (they are process-wide: ``reset_compile_counts`` first to count one run)."""
+    counters = _counters()
     return CompileCounts(int(counters["stats"]["unique_graphs"]), int(counters["frames"]["ok"]),
                          sum(counters["graph_break"].values()))  # fmt: skip
 
@@ -75,7 +83,7 @@ def compile_counts() -> CompileCounts:
 def reset_compile_counts() -> None:
     """Forget earlier compilations and their counts, so what follows compiles, and is counted, from cold."""
     torch._dynamo.reset()
-    counters.clear()
+    _counters().clear()
 
 
 def compile_problems(*, graphs: int, graph_breaks: int, recompiles: int, max_graphs: int) -> list[str]:
@@ -99,4 +107,4 @@ def compile_problems(*, graphs: int, graph_breaks: int, recompiles: int, max_gra
 
 def graph_break_reasons() -> str:
     """The first line of each graph break's reason (dynamo's own message), so a warning names its cause."""
-    return "; ".join(reason.strip().splitlines()[0] for reason in counters["graph_break"]) or "none"
+    return "; ".join(reason.strip().splitlines()[0] for reason in _counters()["graph_break"]) or "none"
