@@ -25,7 +25,9 @@ Each row reports the first warm-up update's wall time (cold: compilation, alloca
 the graphs dynamo compiled and the recompiles (frames compiled after the first update; a static run expects
 none), and on CUDA, from one ``torch.profiler`` update after the timed
 loop, the kernels per update and the GPU-busy fraction (CUDA kernel time of that update over the
-timed ms/update); on CPU those two are n/a.
+timed ms/update); on CPU those two are n/a. Under a compiled row, a warning names each problem
+``tfx.compilation.compile_problems`` finds: graph breaks (with dynamo's reason), more graphs than the
+scope makes (2 for ``layers``, 1 for ``model``), recompiles.
 
 Model FLOPs utilization (MFU, as in PaLM, Chowdhery et al. 2022, appendix B) counts the FLOPs the
 model needs on **real (non-pad) tokens only**, not what the kernels do (no recomputation, no

@@ -161,6 +161,22 @@ def test_device_activity_counts_cuda_kernels_and_their_time(bench: ModuleType) -
     assert kernels == 2 and busy == pytest.approx(0.5)
 
 
+def test_a_compiled_rows_warnings_name_breaks_extra_graphs_and_recompiles(bench: ModuleType) -> None:
+    """tfx.compilation.compile_problems under a row: what a GPU run's report must show, by scope."""
+    row = dict(params_m=1.0, tokens_per_step=1.0, step_s=1.0, tokens_per_s=1.0, tflops=1.0, mfu=None,
+               first_update_s=1.0, kernels=None, gpu_busy=None, skipped=0)  # fmt: skip
+    clean = bench.Result(compile=True, graphs=2, recompiles=0, graph_breaks=0, **row)
+    assert bench.warnings_for(clean, "layers") == []
+    assert bench.warnings_for(clean, "model") == ["warning (compile on): 2 graphs compiled (expected at most 1): "
+                                                  "graph breaks or recompiles"]  # fmt: skip
+    broken = bench.Result(compile=True, graphs=4, recompiles=1, graph_breaks=1, **row)
+    notes = bench.warnings_for(broken, "layers")
+    assert [n.split(":")[1].strip() for n in notes] == ["1 graph break(s)", "4 graphs compiled (expected at most 2)",
+                                                         "1 recompile(s) after the first update"]  # fmt: skip
+    eager = bench.Result(compile=False, graphs=None, recompiles=None, graph_breaks=None, **row)
+    assert bench.warnings_for(eager, "layers") == []
+
+
 def test_torch_peer_needs_synthetic_batches(bench: ModuleType) -> None:
     with pytest.raises(SystemExit):
         bench.parse_args(["--torch-peer", "--real-data"])
