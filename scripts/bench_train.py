@@ -25,7 +25,9 @@ Each row reports the first warm-up update's wall time (cold: compilation, alloca
 the graphs dynamo compiled and the recompiles (frames compiled after the first update; a static run expects
 none), and on CUDA, from one ``torch.profiler`` update after the timed
 loop, the kernels per update and the GPU-busy fraction (CUDA kernel time of that update over the
-timed ms/update); on CPU those two are n/a.
+timed ms/update); on CPU those two are n/a. Under a compiled row, a warning names each problem
+``tfx.compilation.compile_problems`` finds: graph breaks (with dynamo's reason), more graphs than the
+scope makes (2 for ``layers``, 1 for ``model``), recompiles.
 
 Model FLOPs utilization (MFU, as in PaLM, Chowdhery et al. 2022, appendix B) counts the FLOPs the
 model needs on **real (non-pad) tokens only**, not what the kernels do (no recomputation, no
@@ -45,8 +47,9 @@ breakdown of the first setting by operator family (self time, so nothing is coun
 Peers, in the same invocation:
 
 - ``--torch-peer``: ``scripts/torch_peer.py``'s ``PeerTrainer`` (nn.Transformer Post-LN, fused
-  AdamW, bf16, torch.compile static) on the very same synthetic batches, compile on/off as each tfx
-  row; prints its target tokens/s and the ratio tfx / peer.
+  AdamW, torch.compile static with the same backend) on the very same synthetic batches, in tfx's
+  precision (bf16 autocast or fp32) and compile on/off as each tfx row, on CPU as on CUDA; prints
+  its target tokens/s and the ratio tfx / peer. The peer table's header says the peer's precision.
 - ``--peer`` (implies ``--real-data``): ``../shared/bench/fairseq_peer.sh`` (fairseq 0.12.2,
   ``transformer_iwslt_de_en``, Multi30k, ``OMP_NUM_THREADS=--threads``), both sides steady state
   (fairseq's ``train_inner`` lines after the first, tfx's ``--steps`` after ``--warmup``);
@@ -88,7 +91,14 @@ import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `
 import torch
 from torch import Tensor
 
-from tfx.compilation import compile_for_training
+from tfx.compilation import (
+    GRAPHS_PER_SCOPE,
+    CompileCounts,
+    compile_counts,
+    compile_for_training,
+    compile_problems,
+    reset_compile_counts,
+)
 from tfx.config import Config, compose_config
 from tfx.data import BOS, PAD, Batch, prepare_data
 from tfx.data.plan import TrainBatches
@@ -130,7 +140,6 @@ FAMILIES = (
 )
 
 TOP_OTHER = 6  # ops of the "other" family named under the table
-EXPECTED_GRAPHS = 2  # a compiled update: forward+backward of the model; more means graph breaks or recompiles
 
 
 def compose(experiment: str, overrides: list[str]) -> Config:
@@ -244,21 +253,6 @@ def build_stepper(cfg: Config, vocab: int, device: torch.device, backend: str | 
     return Stepper(model, net, optimizer, precision, cfg.optim, device, world_size=1)
 
 
-def dynamo_counts() -> tuple[int, int]:
-    """(graphs dynamo compiled, frames it compiled) since the last ``counters.clear()``."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"]), int(counters["frames"]["ok"])
-
-
-def reset_dynamo() -> None:
-    """Forget earlier compilations, so each row compiles (and counts) from cold."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-
-
 def run_updates(stepper: Stepper, batches: list[Batch], opt_cfg, first: int, count: int) -> list[Pending]:
     """Updates ``first .. first+count-1`` (lr as the trainer's), cycling ``batches``; nothing is read."""
     return [stepper.update([batches[i % len(batches)]], lr_at(i, opt_cfg)) for i in range(first, first + count)]
@@ -276,6 +270,7 @@ class Result:
     first_update_s: float  # the first warm-up update's wall time: compilation when compile is on
     graphs: int | None  # dynamo's compiled graphs (compile on)
     recompiles: int | None  # frames compiled after the first update (compile on)
+    graph_breaks: int | None  # dynamo's graph breaks (compile on): each splits a graph, eager code between
     kernels: int | None  # CUDA kernels per update (CUDA only)
     gpu_busy: float | None  # CUDA kernel time / wall time of an update (CUDA only)
     skipped: int  # timed updates the optimizer skipped (non-finite): should be 0
@@ -286,7 +281,7 @@ class Timing:
     first_update_s: float
     seconds: float
     raw: list[dict[str, float]]
-    graphs: int
+    counts: CompileCounts  # what dynamo compiled over the whole run
     recompiles: int
 
 
@@ -296,13 +291,13 @@ def timed_updates(stepper: Stepper, batches: list[Batch], cfg: Config, warmup: i
     tic = time.perf_counter()
     read(run_updates(stepper, batches, opt, 0, 1))  # the read waits for the device
     first = time.perf_counter() - tic
-    _, frames_first = dynamo_counts()
+    after_first = compile_counts()
     read(run_updates(stepper, batches, opt, 1, max(warmup - 1, 0)))
     tic = time.perf_counter()
     raw = read(run_updates(stepper, batches, opt, warmup, steps))
     seconds = time.perf_counter() - tic
-    graphs, frames = dynamo_counts()
-    return Timing(first, seconds, raw, graphs, frames - frames_first)
+    counts = compile_counts()
+    return Timing(first, seconds, raw, counts, counts.minus(after_first).frames)
 
 
 def kernel_stats(stepper: Stepper, batch: Batch, lr: float, step_s: float) -> tuple[int, float]:
@@ -337,7 +332,7 @@ def prepare_batches(cfg: Config, args: argparse.Namespace, device: torch.device)
 def measure(cfg: Config, args: argparse.Namespace, batches: list[Batch], compile_model: bool) -> tuple[Result, Stepper]:
     """One row: build, warm up, time ``args.steps`` updates of the trainer's Stepper."""
     device = torch.device(args.device)
-    reset_dynamo()
+    reset_compile_counts()
     static = one_shape(batches)
     stepper = build_stepper(cfg, args.vocab, device, args.compile_backend if compile_model else None, static)
     t = timed_updates(stepper, batches, cfg, args.warmup, args.steps)
@@ -359,8 +354,9 @@ def measure(cfg: Config, args: argparse.Namespace, batches: list[Batch], compile
         tflops=tflops,
         mfu=tflops / peak if peak else None,
         first_update_s=t.first_update_s,
-        graphs=t.graphs if compile_model else None,
+        graphs=t.counts.graphs if compile_model else None,
         recompiles=t.recompiles if compile_model else None,
+        graph_breaks=t.counts.graph_breaks if compile_model else None,
         kernels=kernels,
         gpu_busy=busy,
         skipped=sum(1 for r in t.raw if not r["applied"]),
@@ -411,14 +407,16 @@ class TorchPeerResult:
 
 
 def measure_torch_peer(cfg: Config, args: argparse.Namespace, batches: list[Batch], compile_model: bool):
-    """PeerTrainer on the very same batches (on the device), the same warm-up and timed updates."""
+    """PeerTrainer on the very same batches (on the device), the same warm-up and timed updates, in tfx's
+    precision (bf16 autocast or fp32: the same arithmetic on both sides) and compile setting and backend."""
     peer = load_torch_peer()
     device = torch.device(args.device)
     m = cfg.model
     sizes = dict(d_model=m.d_model, heads=m.heads, ffn_dim=m.ffn_dim, n_enc=m.encoder_layers, n_dec=m.decoder_layers)
-    reset_dynamo()
+    reset_compile_counts()
     torch.manual_seed(cfg.train.seed)
-    trainer = peer.PeerTrainer(args.vocab, sizes, device, compile_model, backend=args.compile_backend)
+    bf16 = Precision(cfg.train.precision, device).bf16
+    trainer = peer.PeerTrainer(args.vocab, sizes, device, compile_model, backend=args.compile_backend, bf16=bf16)
     on_device = [(b.src_tokens.to(device), b.prev_output_tokens.to(device), b.target.to(device), b.ntokens)
                  for b in batches]  # fmt: skip
     seconds, tokens = peer.time_steps(trainer, on_device, args.warmup, args.steps)
@@ -557,15 +555,16 @@ def table_row(r: Result) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def warnings_for(r: Result) -> list[str]:
-    """What makes a row's figure suspect."""
+def warnings_for(r: Result, scope: str) -> list[str]:
+    """What makes a row's figure suspect: skipped updates, and what ``tfx.compilation.compile_problems`` finds in
+    a compiled row (``scope``: ``train.compile_scope``, which sets the graphs expected). Call it before the next
+    row resets dynamo's counters (the graph breaks' reasons are read there)."""
     notes = []
     if r.skipped:
         notes.append(f"{r.skipped} timed update(s) skipped by the optimizer (non-finite)")
-    if r.graphs is not None and r.graphs > EXPECTED_GRAPHS:
-        notes.append(f"{r.graphs} graphs compiled (expected at most {EXPECTED_GRAPHS}): graph breaks or recompiles")
-    if r.recompiles:
-        notes.append(f"{r.recompiles} recompile(s) after the first update")
+    if r.graphs is not None:
+        notes += compile_problems(graphs=r.graphs, graph_breaks=r.graph_breaks or 0, recompiles=r.recompiles or 0,
+                                  max_graphs=GRAPHS_PER_SCOPE[scope])  # fmt: skip
     return [f"warning (compile {'on' if r.compile else 'off'}): {n}" for n in notes]
 
 
@@ -670,7 +669,7 @@ def rows(cfg: Config, args: argparse.Namespace, batches: list[Batch]) -> tuple[l
             continue
         results.append(result)
         print(table_row(result), flush=True)
-        for line in warnings_for(result):
+        for line in warnings_for(result, cfg.train.compile_scope):
             print(line, flush=True)
         if args.profile and not profiled:
             print(f"\nprofile, compile {mode}:\n\n{profile_table(stepper, batches, cfg, args.profile_steps)}\n",
@@ -687,8 +686,9 @@ def rows(cfg: Config, args: argparse.Namespace, batches: list[Batch]) -> tuple[l
     if profiled and len(results) > 1:  # the rows together again, below the profile
         print("\n".join([table_header(cfg, args, batches), *map(table_row, results)]), flush=True)
     if peers:
-        print(f"\ntorch peer (scripts/torch_peer.py) on the same batches:\n\n{PEER_HEADER}\n" + "\n".join(peers),
-              flush=True)  # fmt: skip
+        precision = Precision(cfg.train.precision, torch.device(args.device)).name  # the peer's too
+        print(f"\ntorch peer (scripts/torch_peer.py, {precision}) on the same batches:\n\n{PEER_HEADER}\n"
+              + "\n".join(peers), flush=True)  # fmt: skip
     return results, failed
 
 

@@ -2,13 +2,17 @@
 
 ``nn.Transformer`` (Post-LN, ReLU, batch-first) with one shared embedding table tied to the output
 projection, fairseq's sqrt(d) embedding scale and sinusoidal positions, ``F.cross_entropy`` with
-label smoothing, fused AdamW (betas 0.9/0.98, as the T-Fixup recipe), bf16 autocast where the
-device has it, and ``torch.compile`` (static shapes: one compiled graph per batch shape). Nothing
-of tfx's is imported, so the comparison measures tfx's code against torch's own modules.
+label smoothing, fused AdamW (betas 0.9/0.98, as the T-Fixup recipe; fused on CPU too, as tfx's),
+bf16 autocast where the device has it natively (CUDA with bf16; CPUs with AVX512-BF16/AMX, as tfx's
+``train.precision=auto``), and ``torch.compile`` with inductor (static shapes: one compiled graph
+per batch shape) on CUDA and CPU alike. ``bench_train.py --torch-peer`` passes tfx's own precision,
+so both sides run the same arithmetic on every device. Nothing of tfx's is imported, so the
+comparison measures tfx's code against torch's own modules.
 
 Usage (standalone; ``bench_train.py --torch-peer`` runs it on tfx's batches in the same invocation)::
 
     python scripts/torch_peer.py --device cuda --compile --steps 30     # iwslt sizes, 4096-token batches
+    python scripts/torch_peer.py --device cpu --compile --precision fp32 --steps 5 --sizes 512,4,1024,1,1
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +56,14 @@ class PeerTransformer(nn.Module):
         return F.linear(hidden, self.embed.weight)  # tied output projection
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` runs bf16 matmuls natively: CUDA with bf16, or a CPU with AVX512-BF16/AMX (oneDNN's
+    answer). Elsewhere bf16 is emulated, on CPUs ~100x slower than fp32, so the peer stays in fp32 there."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 class PeerTrainer:
     """Model + fused AdamW + bf16 autocast + compile; ``step`` is one update, no host sync."""
 
@@ -61,15 +74,20 @@ class PeerTrainer:
         device: torch.device,
         compile_model: bool,
         lr: float = 5e-4,
-        backend: str = "inductor",
+        backend: str | Callable = "inductor",
+        bf16: bool | None = None,
+        dropout: float = 0.3,
     ):
-        """``backend``: torch.compile's (``eager`` traces only: a quick dry run on CPU)."""
+        """``backend``: torch.compile's, a name or a callable (``eager`` traces only: a quick dry run on CPU; tests
+        wrap inductor to see its graph). ``bf16``: autocast to
+        bf16 (None: where the device has it natively, ``native_bf16``); bench_train.py passes tfx's precision.
+        ``dropout``: the iwslt recipe's 0.3 (tests set 0, to compare compiled and eager losses)."""
         self.device = device
-        self.model = PeerTransformer(vocab, **sizes, dropout=0.3).to(device).train()
-        fused = device.type == "cuda"
+        self.model = PeerTransformer(vocab, **sizes, dropout=dropout).to(device).train()
+        fused = device.type in ("cuda", "cpu")  # one kernel per parameter, as tfx.optim's (CPU since torch 2.4)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0,
                                            fused=fused, foreach=not fused)  # fmt: skip
-        self.bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        self.bf16 = native_bf16(device) if bf16 is None else bf16
         self.loss_fn = torch.compile(self._loss, dynamic=False, backend=backend) if compile_model else self._loss
 
     def _loss(self, src: Tensor, prev: Tensor, target: Tensor, ntokens: Tensor) -> Tensor:
@@ -79,10 +97,13 @@ class PeerTrainer:
                                label_smoothing=0.1, reduction="sum")  # fmt: skip
         return loss / ntokens
 
-    def step(self, src: Tensor, prev: Tensor, target: Tensor, ntokens: float) -> None:
-        self.loss_fn(src, prev, target, torch.tensor(float(ntokens), device=self.device)).backward()
+    def step(self, src: Tensor, prev: Tensor, target: Tensor, ntokens: float) -> Tensor:
+        """One update; returns its loss per token, detached, on the device (not read: no host sync)."""
+        loss = self.loss_fn(src, prev, target, torch.tensor(float(ntokens), device=self.device))
+        loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
 
 
 def time_steps(trainer: PeerTrainer, batches: list, warmup: int, steps: int) -> tuple[float, float]:
@@ -111,6 +132,7 @@ def main() -> None:
     p.add_argument("--length", type=int, default=32, help="every sentence this long (no padding)")
     p.add_argument("--vocab", type=int, default=10000)
     p.add_argument("--sizes", default="512,4,1024,6,6", help="d_model,heads,ffn_dim,n_enc,n_dec (iwslt)")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto", help="auto: bf16 where native")
     args = p.parse_args()
     d, h, f, e, n = (int(x) for x in args.sizes.split(","))
     device = torch.device(args.device)
@@ -119,9 +141,12 @@ def main() -> None:
     src = torch.randint(4, args.vocab, (rows, args.length), device=device)
     target = torch.randint(4, args.vocab, (rows, args.length), device=device)
     prev = torch.cat([torch.full_like(target[:, :1], BOS), target[:, :-1]], 1)
-    trainer = PeerTrainer(args.vocab, dict(d_model=d, heads=h, ffn_dim=f, n_enc=e, n_dec=n), device, args.compile)
+    bf16 = None if args.precision == "auto" else args.precision == "bf16"
+    sizes = dict(d_model=d, heads=h, ffn_dim=f, n_enc=e, n_dec=n)
+    trainer = PeerTrainer(args.vocab, sizes, device, args.compile, bf16=bf16)
     seconds, tokens = time_steps(trainer, [(src, prev, target, target.numel())], args.warmup, args.steps)
-    print(f"torch peer: {tokens / seconds:.0f} target tokens/s ({1e3 * seconds / args.steps:.1f} ms/update)")
+    print(f"torch peer ({'bf16' if trainer.bf16 else 'fp32'}): {tokens / seconds:.0f} target tokens/s "
+          f"({1e3 * seconds / args.steps:.1f} ms/update)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from tfx.data import BOS, PAD, Batch
 from tfx.data.packing import collate_packed, pack_first_fit
 from tfx.model import Transformer
 from tfx.model.packing import Packing
+from tfx.precision import Precision
 
 TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.ffn_dim=64",
         "data.max_tokens=128", "data.vocab_size=200"]  # fmt: skip
@@ -137,7 +138,9 @@ def test_packed_run_compiles_static_once_and_times_the_torch_peer(
     assert "packed batches (synthetic, lengths [16]; rows x src/tgt: 8x16/16; compile would be static)" in out
     on = table_rows(out, "on")
     tfx_on = next(r for r in on if len(r) == len(bench.COLUMNS))
-    assert int(tfx_on[2]) == 128 and 1 <= int(tfx_on[8]) <= bench.EXPECTED_GRAPHS and tfx_on[9] == "0"
+    assert int(tfx_on[2]) == 128 and 1 <= int(tfx_on[8]) <= bench.GRAPHS_PER_SCOPE["layers"] and tfx_on[9] == "0"
+    tfx_precision = Precision("auto", torch.device("cpu")).name  # TINY leaves train.precision=auto
+    assert f"torch peer (scripts/torch_peer.py, {tfx_precision}) on the same batches" in out  # the peer's too
     peers = [r for r in table_rows(out, "off") + on if len(r) == 6]  # the peer table: compile off and on
     assert [r[0] for r in peers] == ["off", "on"]
     for r in peers:
@@ -156,6 +159,22 @@ def test_device_activity_counts_cuda_kernels_and_their_time(bench: ModuleType) -
               event("Memcpy HtoD (Pinned -> Device)", 100.0), event("Memset (Device)", 0.0)]  # fmt: skip
     kernels, busy = bench.device_activity(events, step_s=0.001)
     assert kernels == 2 and busy == pytest.approx(0.5)
+
+
+def test_a_compiled_rows_warnings_name_breaks_extra_graphs_and_recompiles(bench: ModuleType) -> None:
+    """tfx.compilation.compile_problems under a row: what a GPU run's report must show, by scope."""
+    row = dict(params_m=1.0, tokens_per_step=1.0, step_s=1.0, tokens_per_s=1.0, tflops=1.0, mfu=None,
+               first_update_s=1.0, kernels=None, gpu_busy=None, skipped=0)  # fmt: skip
+    clean = bench.Result(compile=True, graphs=2, recompiles=0, graph_breaks=0, **row)
+    assert bench.warnings_for(clean, "layers") == []
+    assert bench.warnings_for(clean, "model") == ["warning (compile on): 2 graphs compiled (expected at most 1): "
+                                                  "graph breaks or recompiles"]  # fmt: skip
+    broken = bench.Result(compile=True, graphs=4, recompiles=1, graph_breaks=1, **row)
+    notes = bench.warnings_for(broken, "layers")
+    assert [n.split(":")[1].strip() for n in notes] == ["1 graph break(s)", "4 graphs compiled (expected at most 2)",
+                                                         "1 recompile(s) after the first update"]  # fmt: skip
+    eager = bench.Result(compile=False, graphs=None, recompiles=None, graph_breaks=None, **row)
+    assert bench.warnings_for(eager, "layers") == []
 
 
 def test_torch_peer_needs_synthetic_batches(bench: ModuleType) -> None:
