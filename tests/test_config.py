@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from tfx.config import PRECISIONS, Config, compose_config, register_configs
+from tfx.optim import lr_at
 from tfx.train import refuse_unknown_overrides
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -88,6 +89,52 @@ def test_iwslt14_reference_is_what_the_reference_code_ran() -> None:
     assert (cfg.data.source, cfg.data.tokenized, cfg.data.max_tokens) == ("local", True, 4000)
     assert (cfg.train.max_epochs, cfg.train.max_updates, cfg.train.save_every_epochs) == (300, 0, 1)
     assert cfg.train.keep_last >= 60  # windows ending in the last 51 epochs, as the reference searched
+
+
+# LividWo/Revisit-MMT (the published anchor, docs/converged.md): README-baseline.md's training command, and
+# the defaults of its fairseq fork for what the command leaves out.
+def test_multi30k_tiny_is_the_anchors_recipe() -> None:
+    cfg = load(["+experiment=multi30k_tiny"])
+    m, o, t, d = cfg.model, cfg.optim, cfg.train, cfg.data
+    # fairseq/models/transformer.py, transformer_tiny: 4+4 layers, embed 128, FFN 256, 4 heads
+    assert (m.encoder_layers, m.decoder_layers, m.d_model, m.ffn_dim, m.heads) == (4, 4, 128, 256, 4)
+    # --dropout 0.3; base_architecture: attention_dropout 0, activation_dropout 0, normalize_before False (Post-LN)
+    assert (m.dropout, m.attention_dropout, m.activation_dropout, m.norm) == (0.3, 0.0, 0.0, "post")
+    assert m.share_all_embeddings  # --share-all-embeddings over preprocess.py --joined-dictionary
+    assert (cfg.method, cfg.init.name) == ("postln", "xavier")  # the anchor ran fairseq's Post-LN Transformer
+    # fairseq/optim/__init__.py default adam; optim/adam.py: --adam-betas (0.9, 0.98), --adam-eps 1e-8, --weight-decay 0
+    assert (o.name, tuple(o.betas), o.eps, o.weight_decay) == ("adam", (0.9, 0.98), 1e-8, 0.0)
+    # --lr 0.005 --warmup-updates 2000; inverse_square_root_schedule.py: --warmup-init-lr 1e-7
+    assert (o.lr, o.warmup_updates, o.warmup_init_lr, o.offset_decay) == (5e-3, 2000, 1e-7, False)
+    # fairseq/options.py: --clip-norm 25; criterions/__init__.py: label_smoothed_cross_entropy, --label-smoothing 0.1
+    assert (o.clip_norm, o.label_smoothing) == (25.0, 0.1)
+    # fairseq's inverse_sqrt, as tfx computes it: 1e-7 at update 0, the peak at 2000, lr * sqrt(2000 / t) after
+    assert [lr_at(s, o) for s in (0, 1000, 2000, 8000)] == pytest.approx([1e-7, 2.50005e-3, 5e-3, 2.5e-3])
+    # --max-tokens 4096 on each of 2 GPUs: 8192 tokens per update
+    assert (d.max_tokens, t.update_freq, d.max_tokens * t.update_freq) == (4096, 2, 8192)
+    # --max-update 8000 --patience 10, validated at each epoch's end on the valid loss (--best-checkpoint-metric loss)
+    assert (t.max_updates, t.max_epochs, t.patience, t.patience_metric) == (8000, 0, 10, "loss")
+    assert (t.validate_every_updates, t.validate_every_minutes, t.save_every_epochs) == (0, 0.0, 1)
+    assert t.keep_last >= 10  # evaluate.sh scores checkpoint_last10_avg.pt, the last 10 epoch checkpoints averaged
+    assert t.precision == "fp32"  # no --fp16
+    # the release's tokenized, lowercased text, En->De; the joined dictionary's 9708 types + 4 specials
+    assert (d.src_lang, d.tgt_lang, d.source, d.tokenized, d.vocab_size) == ("en", "de", "local", True, 9712)
+    assert d.local_dir == "data/multi30k_tok"
+
+
+def test_multi30k_tiny_methods_change_only_norm_init_and_warmup() -> None:
+    """T-Fixup at the anchor's size and budget: no LayerNorm, its init, no warmup; everything else as Post-LN."""
+    post, tfixup = load(["+experiment=multi30k_tiny"]), load(["+experiment=multi30k_tiny", "method=tfixup"])
+    assert (tfixup.model.norm, tfixup.init.name, tfixup.optim.warmup_updates) == ("none", "tfixup", 0)
+    same = dataclasses.replace(
+        tfixup,
+        method=post.method,
+        init=post.init,
+        model=dataclasses.replace(tfixup.model, norm=post.model.norm),
+        optim=dataclasses.replace(tfixup.optim, warmup_updates=post.optim.warmup_updates),
+    )
+    assert same == post
+    assert load(["+experiment=multi30k_tiny", "method=tfixup", "optim.lr=1e-3"]).optim.lr == 1e-3  # the lr grid
 
 
 @pytest.mark.slow

@@ -289,6 +289,31 @@ def test_patience_stops_after_that_many_validations_without_a_better_bleu(
     assert (again["epoch"], again["step"]) == (6, summary["step"]) and len(seen) == 5
 
 
+def test_patience_on_valid_loss_stops_where_fairseq_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fairseq's --patience waits on its --best-checkpoint-metric, valid loss by default (lower is better, a tie is
+    not better): scripted losses 5, 4, 4 (tie), 4.5, 3.9 (better: the count starts again), 4, 4, 4.2 stop after the
+    eighth epoch with patience 3, while the valid BLEU, rising every epoch, would never have stopped it."""
+    from tfx.validate import ValidResult
+
+    scripted = iter([5.0, 4.0, 4.0, 4.5, 3.9, 4.0, 4.0, 4.2, 3.0])
+    seen: list[float] = []
+
+    def scripted_validation(*args, **kwargs) -> ValidResult:
+        loss = next(scripted)
+        seen.append(loss)
+        bleu = float(len(seen))  # better every time: patience on BLEU would not stop
+        return ValidResult({"valid/loss": loss, "valid/bleu": bleu}, bleu, "scripted", [])
+
+    monkeypatch.setattr(train_mod, "validate_on_main", scripted_validation)
+    cfg = wiring_cfg(tmp_path, max_updates=0, max_epochs=30, patience=3, patience_metric="loss")
+    summary = train(cfg, tmp_path / "run")
+    assert seen == [5.0, 4.0, 4.0, 4.5, 3.9, 4.0, 4.0, 4.2] and summary["epoch"] == 9  # eight epochs done
+    last = load_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_last.pt")
+    assert last["train_state"]["best_loss"] == 3.9 and last["train_state"]["stale_validations"] == 3
+    ends = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["event"] == "end"]
+    assert ends[-1]["status"] == "early stop: no lower valid loss in 3 validations (best 3.900)"
+
+
 def test_a_signal_during_the_last_validation_then_a_resume_validates_once_and_completes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,6 +24,7 @@ BATCHINGS = ("padded", "packed")  # tfx/data/batching.py, tfx/data/packing.py
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # tfx/precision.py says what each does
 STRATEGIES = ("ddp", "fsdp")  # tfx/sharding.py says what fsdp does
 COMPILE_SCOPES = ("layers", "model")  # tfx/compilation.py says what each compiles
+PATIENCE_METRICS = ("bleu", "loss")  # what train.patience waits on: higher valid BLEU | lower valid loss
 
 
 def _require(ok: bool, message: str) -> None:
@@ -204,6 +205,9 @@ class TrainConfig:
     # stop after this many validations in a row without a better valid BLEU (fairseq's --patience; with
     # validation at epoch ends only, epochs); 0 = off
     patience: int = 0
+    # what patience waits on: bleu (valid BLEU, higher is better) | loss (label-smoothed valid loss, lower is
+    # better: fairseq's default --best-checkpoint-metric, so a fairseq recipe's --patience stops where it did)
+    patience_metric: str = "bleu"
     max_minutes: float = 0.0  # stop after this much wall time; 0 = no limit
     update_freq: int = 1  # gradient accumulation steps per update
     compile: bool = False  # torch.compile the training forward (tfx/compilation.py)
@@ -238,6 +242,10 @@ class TrainConfig:
         _require(self.valid_beam >= 1, "train.valid_beam must be >= 1")
         _require(self.keep_last >= 1, "train.keep_last must be >= 1")
         _require(self.patience >= 0, "train.patience must be >= 0 (0 = off)")
+        _require(
+            self.patience_metric in PATIENCE_METRICS,
+            f"train.patience_metric={self.patience_metric!r}: use {' or '.join(PATIENCE_METRICS)}",
+        )
         _require(self.resume_mode in ("strict", "force", "weights"), "train.resume_mode: use strict, force or weights")
         _require(self.probe_updates >= 0, "train.probe_updates must be >= 0 (0 = off)")
         _require(self.probe_sentences >= 1, "train.probe_sentences must be >= 1")

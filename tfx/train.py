@@ -310,17 +310,18 @@ class Trainer:
         cfg, bf16, main = self.cfg, self.precision.bf16, self.dist.is_main
         with compilation.eager():
             result = validate_on_main(self.model, self.corpus, cfg, self.device, bf16, main)
-        improved = False
+        improved, loss = False, math.inf
         if result is not None:
             improved = result.bleu > self.state.best_bleu
+            loss = result.metrics["valid/loss"]
             self.state.best_bleu = max(self.state.best_bleu, result.bleu)
             self.state.best_step = self.state.step if improved else self.state.best_step
             self.report.valid(self.state.step, result, self.state.best_bleu, self.state.train_seconds / 60)
         # Every rank keeps the same state (save decides from it) and learns whether this was the best.
-        improved, self.state.best_bleu, self.state.best_step = distributed.broadcast_object(
-            (improved, self.state.best_bleu, self.state.best_step)
+        improved, loss, self.state.best_bleu, self.state.best_step = distributed.broadcast_object(
+            (improved, loss, self.state.best_bleu, self.state.best_step)
         )
-        self.state.stale_validations = 0 if improved else self.state.stale_validations + 1
+        self.state.count_patience(improved, loss, self.cfg.train.patience_metric)
         self.report.restart_window()  # validation time is not training throughput
         return improved
 

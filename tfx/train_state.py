@@ -8,6 +8,7 @@ trajectory (``tfx.run_checkpoints`` checks it) and evaluation can rebuild the mo
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,10 +37,11 @@ class TrainState:
     train_seconds: float = 0.0  # wall time spent in training steps (validation excluded)
     best_bleu: float = -1.0
     best_step: int = -1  # the update of the best valid BLEU (checkpoint_best.pt's); -1 before any validation
+    best_loss: float = math.inf  # the lowest valid loss (bits/token) so far: what train.patience_metric=loss waits on
     bad_steps: int = 0  # consecutive non-finite steps
     skipped_steps: int = 0  # all non-finite steps so far
     overflow_steps: int = 0  # fp16 updates skipped by the loss scaler (not divergence; not in bad_steps)
-    stale_validations: int = 0  # validations in a row since valid BLEU last improved (train.patience)
+    stale_validations: int = 0  # validations in a row since train.patience_metric last improved (train.patience)
     # the update of the latest validation: a resumed run must not validate again at it (a duplicate record,
     # and one more stale validation towards patience)
     validated_step: int = -1
@@ -54,6 +56,16 @@ class TrainState:
         else:
             self.bad_steps += 1
             self.skipped_steps += 1
+
+    def count_patience(self, bleu_improved: bool, loss: float, metric: str) -> None:
+        """One validation towards ``train.patience``: reset the count when ``metric`` improved, else add one.
+
+        ``loss`` improves only when strictly lower, as in fairseq's ``should_stop_early``.
+        """
+        loss_improved = loss < self.best_loss
+        self.best_loss = min(self.best_loss, loss)
+        improved = loss_improved if metric == "loss" else bleu_improved
+        self.stale_validations = 0 if improved else self.stale_validations + 1
 
     def budget_left(self, t: TrainConfig) -> bool:
         """Whether max_updates, max_epochs and max_minutes (0 = unlimited) all leave room."""
@@ -76,6 +88,8 @@ class TrainState:
     def end_status(self, t: TrainConfig) -> str:
         """How a run that no signal stopped ended, for ``metrics.jsonl`` and the log."""
         if t.patience and self.stale_validations >= t.patience:
+            if t.patience_metric == "loss":
+                return f"early stop: no lower valid loss in {t.patience} validations (best {self.best_loss:.3f})"
             return f"early stop: no better valid BLEU in {t.patience} validations (best {self.best_bleu:.2f})"
         return "completed"
 

@@ -1,4 +1,4 @@
-"""Validation: teacher-forced loss and detokenized BLEU (sacrebleu) on the valid split, on rank 0."""
+"""Validation on rank 0: teacher-forced loss and BLEU (sacreBLEU; tokenized BLEU on tokenized data)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from tfx import sharding
-from tfx.bleu import corpus_bleu
+from tfx.bleu import BleuResult, corpus_bleu, tokenized_bleu
 from tfx.config import Config
 from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, Corpus, collate, make_batches
@@ -41,6 +41,17 @@ def valid_loss(model: Transformer, corpus: Corpus, cfg: Config, device: torch.de
     return {"valid/loss": loss_bits, "valid/nll_loss": nll_bits, "valid/ppl": 2 ** min(nll_bits, 100.0)}
 
 
+def valid_bleu(hyps: list[str], refs: list[str], cfg: Config) -> BleuResult:
+    """sacreBLEU (13a) of detokenized text; on ``data.tokenized`` text, the tokenized BLEU its test is scored with.
+
+    13a would tokenize such text again (``&apos;s`` -> ``& apos ; s``), so valid BLEU, checkpoint_best.pt and
+    patience on BLEU would follow another metric than the test's (``tfx.evaluate``, ``tfx.average --best-window``).
+    """
+    if cfg.data.tokenized:
+        return tokenized_bleu(hyps, refs, cfg.data.tgt_lang, refs_tokenized=True, hyps_tokenized=True)
+    return corpus_bleu(hyps, refs)
+
+
 def validate(model: Transformer, corpus: Corpus, cfg: Config, device: torch.device, bf16: bool) -> ValidResult:
     was_training = model.training
     model.eval()
@@ -60,9 +71,10 @@ def validate(model: Transformer, corpus: Corpus, cfg: Config, device: torch.devi
         )
     finally:
         model.train(was_training)
-    bleu = corpus_bleu(hyps, refs)
+    bleu = valid_bleu(hyps, refs, cfg)
     metrics["valid/bleu"] = bleu.score
-    metrics["valid/chrf"] = bleu.chrf
+    if bleu.chrf is not None:  # detokenized text only
+        metrics["valid/chrf"] = bleu.chrf
     samples = list(zip(sources[:N_SAMPLES], refs[:N_SAMPLES], hyps[:N_SAMPLES], strict=True))
     return ValidResult(metrics, bleu.score, bleu.signature, samples)
 

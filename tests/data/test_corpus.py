@@ -101,3 +101,18 @@ def test_changed_sentencepiece_settings_retrain_and_reencode(tmp_path, monkeypat
         expected = [ids + [EOS] for ids in new.tokenizer.encode_batch(data.src_text)]
         assert [s.tolist() for s in data.src] == expected
         assert [s.tolist() for s in data.src] != [s.tolist() for s in old.splits[split].src]
+
+
+def test_tokenized_data_refuses_cased_text_and_takes_lowercased(tmp_path):
+    """data.tokenized promises lowercased, tokenized files: raw ones (capitals) are refused by split and side,
+    before a vocabulary is trained on them; the same pairs lowercased are taken."""
+    cased = [("Ein Hund läuft .", "a dog runs ."), ("zwei katzen .", "two cats .")]
+    folder = write_text_corpus(tmp_path / "raw", {"train": cased, "valid": cased, "test": cased})
+    cfg = DataConfig(source="local", local_dir=str(folder), tokenized=True, vocab_size=60,
+                     cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    with pytest.raises(DataError, match=r"split train \(de\) is not lowercased \(1 of its first 2 lines"):
+        prepare_data(cfg)
+    lowered = [(de.lower(), en) for de, en in cased]
+    folder = write_text_corpus(tmp_path / "tok", {"train": lowered, "valid": lowered, "test": lowered})
+    corpus = prepare_data(DataConfig(**{**cfg.__dict__, "local_dir": str(folder)}))
+    assert len(corpus.splits["train"]) == 2
