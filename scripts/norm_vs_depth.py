@@ -24,6 +24,11 @@ Two versions, both printed:
    4 heads, FFN 4d) initialized by tfx's own ``xavier`` / ``tfixup`` schemes (seed 0); its
    encoder layers run on a random (8, 8, d) input (64 rows, ``manual_seed(1)``), no padding.
    Softmax attention averages over positions, so this is not the linearized block's number.
+3. The same real encoder stack (layers only, not the stack-final module) for the normalization-free
+   methods of issue 51, each with its residual kind and init: ``dyt`` (Pre-LN with DyT, alpha 0.5,
+   Xavier), ``rezero`` (resweight 0, Xavier), ``fixup`` (Fixup's zeroed branch ends). ReZero and
+   Fixup start as the identity on the residual stream (ratio exactly 1 at any depth); DyT's branches
+   see tanh-bounded inputs, so its stream grows additively with depth, not multiplicatively.
 
 Usage: ``python scripts/norm_vs_depth.py [--depths 6 12 200] [--d-model 32] [--plot out.png]``
 
@@ -46,6 +51,8 @@ from tfx.init import apply_init, tfixup_encoder_scale
 from tfx.model import Transformer
 
 SCHEMES = ("xavier", "tfixup")
+# method -> (residual kind, init scheme), as conf/method/<name>.yaml sets them
+NORM_FREE_METHODS = {"dyt": ("dyt", "xavier"), "rezero": ("rezero", "xavier"), "fixup": ("fixup", "fixup")}
 PUBLISHED_DEPTHS = (6, 12, 200)
 
 
@@ -76,8 +83,9 @@ def linearized_ratio(n_layers: int, scheme: str, d: int = 32, samples: int = 64)
 
 
 @torch.no_grad()
-def encoder_ratio(n_layers: int, scheme: str, d: int = 32, heads: int = 4) -> float:
-    """Mean row norm out / in of tfx's real ``EncoderLayer`` stack, initialized by tfx's scheme."""
+def encoder_ratio(n_layers: int, scheme: str, d: int = 32, heads: int = 4, norm: str = "none") -> float:
+    """Mean row norm out / in of tfx's real ``EncoderLayer`` stack of residual kind ``norm``, initialized by
+    tfx's scheme."""
     model = Transformer(
         vocab_size=8,
         pad_id=0,
@@ -86,7 +94,7 @@ def encoder_ratio(n_layers: int, scheme: str, d: int = 32, heads: int = 4) -> fl
         d_model=d,
         ffn_dim=4 * d,
         heads=heads,
-        norm="none",
+        norm=norm,
         dropout=0.0,
         attention_dropout=0.0,
         activation_dropout=0.0,
@@ -100,15 +108,23 @@ def encoder_ratio(n_layers: int, scheme: str, d: int = 32, heads: int = 4) -> fl
     return (_mean_row_norm(x) / _mean_row_norm(x_in)).item()
 
 
-def ratio_table(fn: Callable[[int, str], float], depths: list[int]) -> dict[str, list[float]]:
-    return {scheme: [fn(n, scheme) for n in depths] for scheme in SCHEMES}
+def method_ratio(n_layers: int, method: str, d: int = 32) -> float:
+    """``encoder_ratio`` for a normalization-free method: its residual kind and its init."""
+    norm, scheme = NORM_FREE_METHODS[method]
+    return encoder_ratio(n_layers, scheme, d, norm=norm)
+
+
+def ratio_table(
+    fn: Callable[[int, str], float], depths: list[int], columns: tuple[str, ...] = SCHEMES
+) -> dict[str, list[float]]:
+    return {column: [fn(n, column) for n in depths] for column in columns}
 
 
 def format_table(title: str, depths: list[int], ratios: dict[str, list[float]]) -> str:
     """``%.4e`` per cell; nan/inf printed as computed."""
-    lines = [title, f"{'N':>6}" + "".join(f"{s:>12}" for s in SCHEMES)]
+    lines = [title, f"{'N':>6}" + "".join(f"{s:>12}" for s in ratios)]
     for i, n in enumerate(depths):
-        lines.append(f"{n:>6}" + "".join(f"{ratios[s][i]:>12.4e}" for s in SCHEMES))
+        lines.append(f"{n:>6}" + "".join(f"{ratios[s][i]:>12.4e}" for s in ratios))
     return "\n".join(lines)
 
 
@@ -165,6 +181,15 @@ def main(argv: list[str] | None = None) -> int:
             f"2. tfx EncoderLayer stack (norm none, d={d}, 4 heads, FFN 4d, 8x8 tokens): out/in",
             args.depths,
             tables["tfx encoder"],
+        )
+    )
+    print()
+    methods = ratio_table(lambda n, m: method_ratio(n, m, d), args.depths, tuple(NORM_FREE_METHODS))
+    print(
+        format_table(
+            f"3. tfx EncoderLayer stack per normalization-free method (its norm and init, d={d}): out/in",
+            args.depths,
+            methods,
         )
     )
     if args.plot:

@@ -225,6 +225,9 @@ METHODS = {  # method -> (model.norm, init.name, warmup on the toy budget, warmu
     "postln_nowarmup": ("post", "xavier", 0, 0),
     "deepnorm": ("deepnorm", "deepnorm", 400, 4000),
     "admin": ("admin", "admin", 400, 4000),
+    "dyt": ("dyt", "xavier", 400, 4000),
+    "rezero": ("rezero", "xavier", 0, 0),
+    "fixup": ("fixup", "fixup", 400, 4000),
 }
 
 
@@ -256,7 +259,7 @@ def test_experiments_set_their_method_and_overrides_still_win() -> None:
 
 
 # The setting the converged study chose on valid, per method (docs/converged.md; the README's converged table):
-# (peak lr, dropout, warmup updates). Methods without a row keep lr 5e-4, dropout 0.3 and no warmup.
+# (peak lr, dropout, warmup updates). Methods without a row keep lr 5e-4, dropout 0.3 and warmup 100 if they warm up.
 MULTI30K_TUNED = {
     "tfixup": (5e-4, 0.3, 0),
     "postln": (1e-3, 0.1, 400),
@@ -265,6 +268,10 @@ MULTI30K_TUNED = {
     "deepnorm": (1e-3, 0.3, 400),
     "xavier_noln": (5e-4, 0.3, 0),
     "postln_nowarmup": (5e-4, 0.3, 0),
+    # no study yet: the defaults, warmup 100 where the method warms up
+    "dyt": (5e-4, 0.3, 100),
+    "rezero": (5e-4, 0.3, 0),
+    "fixup": (5e-4, 0.3, 100),
 }
 
 

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 import tfx.step as step_mod
 import tfx.train as train_mod
 from tfx.checkpoint import CheckpointError, load_checkpoint
-from tfx.config import Config, DataConfig, InitConfig, ModelConfig, OptimConfig, TrainConfig
+from tfx.config import Config, DataConfig, InitConfig, ModelConfig, OptimConfig, TrainConfig, compose_config
 from tfx.data import Batch, collate, make_batches, prepare_data
 from tfx.diagnostics import rms_change
 from tfx.metrics_log import FILENAME, read_metrics
@@ -89,6 +89,26 @@ def test_method_trains_a_few_updates(tmp_path: Path, method: str) -> None:
     losses = train(cfg, tmp_path / "run")["losses"]
     assert len(losses) == 16 and all(math.isfinite(v) for v in losses)
     assert sum(losses[-4:]) / 4 < 0.9 * sum(losses[:4]) / 4
+
+
+NORMALIZATION_FREE = ["dyt", "rezero", "fixup"]  # issue 51's methods (docs/methods.md)
+
+
+def toy_method_cfg(tmp_path: Path, method: str, *overrides: str) -> Config:
+    """``python -m tfx.train method=METHOD`` (the toy task and its 1200-update budget), on CPU in fp32."""
+    return compose_config([
+        f"method={method}", f"data.cache_dir={tmp_path / 'cache'}", "train.device=cpu", "train.precision=fp32",
+        "train.progress=false", "train.threads=1", "train.save_every_epochs=0", *overrides,
+    ])  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", NORMALIZATION_FREE)
+def test_method_learns_the_toy_task(tmp_path: Path, method: str) -> None:
+    """The default toy run (2+2 layers, d 64, 1200 updates, greedy valid BLEU) reaches valid BLEU >= 90, as the
+    default method does (a few CPU minutes each)."""
+    summary = train(toy_method_cfg(tmp_path, method), tmp_path / "run")
+    assert summary["step"] == 1200 and summary["best_bleu"] >= 90, summary["best_bleu"]
 
 
 def test_resuming_from_a_weights_only_checkpoint_is_refused(tmp_path: Path) -> None:

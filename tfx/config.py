@@ -130,7 +130,8 @@ class ModelConfig:
     d_model: int = 512  # embedding / residual width
     ffn_dim: int = 1024  # FFN hidden width
     heads: int = 4  # attention heads (d_model % heads == 0)
-    norm: str = "none"  # residual kind (tfx/model/residual.py): none | post | pre | deepnorm | admin
+    # residual kind (tfx/model/residual.py): none | post | pre | deepnorm | admin | dyt | rezero | fixup
+    norm: str = "none"
     dropout: float = 0.3  # dropout on embeddings, residual branches
     attention_dropout: float = 0.1  # dropout on attention probabilities
     activation_dropout: float = 0.1  # dropout after the FFN ReLU
@@ -138,6 +139,9 @@ class ModelConfig:
     share_all_embeddings: bool = False  # one embedding for encoder, decoder and output
     max_positions: int = 1024  # longest sequence the sinusoidal table covers
     checkpoint_activations: bool = False  # recompute each layer in backward to save memory
+    # norm=dyt: alpha of every DyT(x) = weight * tanh(alpha * x) + bias at init (the reference's 0.5 for
+    # non-LLM models; its issues #6 and #18: alpha init and lr matter); other kinds ignore it
+    dyt_alpha: float = 0.5
 
     def __post_init__(self) -> None:
         _require(self.encoder_layers >= 1 and self.decoder_layers >= 1, "model.*_layers must be >= 1")
@@ -147,6 +151,7 @@ class ModelConfig:
             f"model.d_model={self.d_model} must be divisible by model.heads={self.heads}",
         )
         _require(self.norm in RESIDUALS, f"model.norm={self.norm!r}: use one of {tuple(RESIDUALS)}")
+        _require(self.dyt_alpha > 0, f"model.dyt_alpha={self.dyt_alpha} must be positive")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"model.{name}={value} must be in [0, 1)")
@@ -156,7 +161,7 @@ class ModelConfig:
 class InitConfig:
     """Which initialization scheme to apply after building the model."""
 
-    name: str = "tfixup"  # tfx/init/: xavier | tfixup | component_wise | deepnorm | admin
+    name: str = "tfixup"  # tfx/init/: xavier | tfixup | component_wise | deepnorm | admin | fixup
 
     def __post_init__(self) -> None:
         _require(self.name in SCHEMES, f"init.name={self.name!r}: use one of {tuple(SCHEMES)}")

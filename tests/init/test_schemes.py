@@ -158,7 +158,7 @@ DEC_SCALED = (*ENC_SCALED, "encoder_attn.v_proj", "encoder_attn.out_proj")
 
 
 def test_unknown_scheme_is_named_with_the_choices() -> None:
-    names = r"\['admin', 'component_wise', 'deepnorm', 'tfixup', 'xavier'\]"
+    names = r"\['admin', 'component_wise', 'deepnorm', 'fixup', 'tfixup', 'xavier'\]"
     with pytest.raises(ValueError, match=rf"init.name='bogus': use one of {names}"):
         apply_init(tiny_model(), "bogus")
 

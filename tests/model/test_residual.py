@@ -10,7 +10,19 @@ from torch import Tensor
 from tests.conftest import PAD, VOCAB
 from tfx.config import ModelConfig
 from tfx.model import Transformer
-from tfx.model.residual import RESIDUALS, Admin, DeepNorm, PostLN, PreLN, Residual, deepnorm_alpha, make_residual
+from tfx.model.residual import (
+    RESIDUALS,
+    Admin,
+    DeepNorm,
+    DyT,
+    Fixup,
+    PostLN,
+    PreLN,
+    Residual,
+    ReZero,
+    deepnorm_alpha,
+    make_residual,
+)
 
 D = 6
 
@@ -70,14 +82,18 @@ def test_dropout_applies_to_the_branch_only() -> None:
 
 
 def test_the_factory_builds_the_registered_class_with_its_depths() -> None:
-    assert [type(make_residual(k, D, 0.1, "encoder", 6, 6)) for k in ("none", "post", "pre", "deepnorm", "admin")] == [
+    kinds = ("none", "post", "pre", "deepnorm", "admin", "dyt", "rezero", "fixup")
+    assert [type(make_residual(k, D, 0.1, "encoder", 6, 6)) for k in kinds] == [
         Residual,
         PostLN,
         PreLN,
         DeepNorm,
         Admin,
+        DyT,
+        ReZero,
+        Fixup,
     ]
-    assert set(RESIDUALS) == {"none", "post", "pre", "deepnorm", "admin"}
+    assert set(RESIDUALS) == set(kinds)
     block = make_residual("deepnorm", D, 0.25, "encoder", 6, 12)
     assert block.alpha == pytest.approx(0.81 * (6**4 * 12) ** (1 / 16)) and block.dropout.p == 0.25
     assert make_residual("deepnorm", D, 0.0, "decoder", 6, 12).alpha == pytest.approx(36 ** (1 / 4))
@@ -135,3 +151,107 @@ def test_an_untied_output_projection_has_no_bias() -> None:
     model = Transformer(VOCAB, PAD, 1, 1, 8, 8, 2, share_decoder_embeddings=False)
     assert model.decoder.output_projection.bias is None
     assert model.decoder.output_weight() is model.decoder.output_projection.weight
+
+
+# DyT, ReZero and Fixup (issue 51). fp32 on CPU, like every test here.
+
+
+def test_dynamic_tanh_is_weight_tanh_alpha_x_plus_bias() -> None:
+    """DyT(x) = weight * tanh(alpha * x) + bias for a known input, alpha, weight and bias; at init weight 1,
+    bias 0 and alpha the given value (jiachenzhu/DyT's DynamicTanh)."""
+    block = make_residual("dyt", D, 0.0, "encoder", 2, 2, dyt_alpha=0.8).eval()
+    dyt = block.norm
+    assert dyt.alpha.tolist() == [pytest.approx(0.8)] and dyt.alpha.numel() == 1
+    assert torch.equal(dyt.weight, torch.ones(D)) and torch.equal(dyt.bias, torch.zeros(D))
+    x = torch.tensor([-4.0, -1.0, -0.25, 0.0, 0.5, 3.0])
+    torch.testing.assert_close(dyt(x), torch.tanh(0.8 * x))
+    with torch.no_grad():
+        dyt.weight.copy_(torch.linspace(0.5, 1.5, D))
+        dyt.bias.copy_(torch.linspace(-0.2, 0.3, D))
+        dyt.alpha.fill_(1.7)
+    expected = torch.linspace(0.5, 1.5, D) * torch.tanh(1.7 * x) + torch.linspace(-0.2, 0.3, D)
+    torch.testing.assert_close(dyt(x), expected)
+    # the residual: Pre-LN with DyT in the LayerNorm's place
+    torch.testing.assert_close(block(X, branch), X + branch(dyt(X)))
+
+
+def test_a_dyt_model_has_no_layer_norm_and_ends_each_stack_with_a_dyt() -> None:
+    from tfx.model import has_layer_norm
+    from tfx.model.residual import DynamicTanh
+
+    model = Transformer(VOCAB, PAD, 2, 3, d_model=8, ffn_dim=8, heads=2, norm="dyt", dyt_alpha=0.3)
+    assert not has_layer_norm(model)
+    dyts = [m for m in model.modules() if isinstance(m, DynamicTanh)]
+    assert len(dyts) == 2 * 2 + 3 * 3 + 2  # one per sublayer and one per stack end, as convert_ln_to_dyt leaves
+    assert isinstance(model.encoder.final_norm, DynamicTanh) and isinstance(model.decoder.final_norm, DynamicTanh)
+    assert [m.alpha.item() for m in dyts] == pytest.approx([0.3] * len(dyts))
+    assert ModelConfig().dyt_alpha == 0.5  # the reference's init for non-LLM models
+
+
+def test_rezero_layers_are_the_identity_at_init_and_resweight_learns() -> None:
+    """resweight = 0: every encoder and decoder layer returns its input exactly, so the stacks pass the
+    embeddings through unchanged. The decoder's resweights get a gradient at once; the encoder's only once
+    the decoder's encoder-attention is switched on (its resweight != 0), as in the reference."""
+    torch.manual_seed(0)
+    model = Transformer(VOCAB, PAD, 2, 3, d_model=8, ffn_dim=16, heads=2, norm="rezero", dropout=0.0)
+    src = torch.randint(4, VOCAB, (2, 5))
+    tgt = torch.randint(4, VOCAB, (2, 4))
+    x = torch.randn(2, 5, 8)
+    for layer in model.encoder.layers:
+        assert torch.equal(layer(x, None), x)
+    for layer in model.decoder.layers:
+        assert torch.equal(layer(x[:, :4], x, None), x[:, :4])
+    enc = model.encode(src)
+    torch.testing.assert_close(enc.hidden, model.encoder.embedding(src).masked_fill(enc.padding_mask[..., None], 0))
+    model(src, tgt).logsumexp(-1).sum().backward()
+    assert all(layer.self_attn_block.resweight.grad.abs().item() > 0 for layer in model.decoder.layers)
+    assert all(layer.self_attn_block.resweight.grad.item() == 0 for layer in model.encoder.layers)
+    model.zero_grad()
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            layer.self_attn_block.resweight.fill_(0.1)
+    model(src, tgt).logsumexp(-1).sum().backward()
+    assert all(layer.self_attn_block.resweight.grad.abs().item() > 0 for layer in model.encoder.layers)
+
+
+def test_rezero_sublayers_of_a_layer_share_one_resweight() -> None:
+    """One scalar per layer, as RZTXEncoderLayer / RZTXDecoderLayer keep: the same Parameter in every
+    block of the layer, another one in the next layer; the optimizer sees each once."""
+    model = Transformer(VOCAB, PAD, 2, 2, d_model=8, ffn_dim=8, heads=2, norm="rezero")
+    enc0, enc1, dec0 = model.encoder.layers[0], model.encoder.layers[1], model.decoder.layers[0]
+    assert enc0.self_attn_block.resweight is enc0.ffn_block.resweight
+    assert dec0.self_attn_block.resweight is dec0.encoder_attn_block.resweight is dec0.ffn_block.resweight
+    assert enc0.self_attn_block.resweight is not enc1.self_attn_block.resweight
+    resweights = [p for n, p in model.named_parameters() if n.endswith("resweight")]
+    assert len(resweights) == 4 and all(p.item() == 0 for p in resweights)
+    with torch.no_grad():
+        enc0.ffn_block.resweight.fill_(0.5)
+    block = enc0.self_attn_block.eval()
+    torch.testing.assert_close(block(X, branch), X + 0.5 * branch(X))
+    state = model.state_dict()  # both names saved; loading writes the one tensor twice, the same value
+    model.load_state_dict(state)
+    assert enc0.self_attn_block.resweight.item() == 0.5
+
+
+def test_fixup_is_skip_plus_scaled_branch_of_shifted_input() -> None:
+    """x + scale * f(x - shift): the reference's LayerShift (x - bias) before the branch and LayerScale after."""
+    block = make_residual("fixup", D, 0.0, "decoder", 2, 3).eval()
+    assert (block.shift.item(), block.scale.item()) == (0.0, 1.0)
+    with torch.no_grad():
+        block.shift.fill_(0.3)
+        block.scale.fill_(-1.5)
+    torch.testing.assert_close(block(X, branch), X + -1.5 * branch(X - 0.3))
+
+
+def test_fixup_stacks_end_like_the_reference() -> None:
+    """Encoder: scale0(shift0(x)); decoder: shift0(x) only (its scale0 is commented out in the reference)."""
+    model = Transformer(VOCAB, PAD, 1, 1, d_model=8, ffn_dim=8, heads=2, norm="fixup")
+    enc, dec = model.encoder.final_norm, model.decoder.final_norm
+    with torch.no_grad():
+        enc.shift.fill_(0.2)
+        enc.scale.fill_(3.0)
+        dec.shift.fill_(-0.4)
+    torch.testing.assert_close(enc(X), (X - 0.2) * 3.0)
+    torch.testing.assert_close(dec(X), X + 0.4)
+    assert dec.scale is None
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())

@@ -47,3 +47,24 @@ def test_plot_writes_png(nvd: ModuleType, tmp_path: Path, capsys: pytest.Capture
     out = tmp_path / "ratio.png"
     nvd.main(["--depths", "2", "6", "--plot", str(out)])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("method", ["rezero", "fixup"])
+@pytest.mark.parametrize("n", [6, 12, 200])
+def test_rezero_and_fixup_stacks_start_as_the_identity(nvd: ModuleType, method: str, n: int) -> None:
+    """resweight 0 / zeroed branch ends: the encoder stack's output is its input at any depth (fp32, CPU)."""
+    assert nvd.method_ratio(n, method) == 1.0
+
+
+def test_dyt_stack_grows_additively_not_exponentially(nvd: ModuleType) -> None:
+    """tanh bounds every branch input, so 200 DyT layers stay finite and far below Xavier's 12-layer 193x."""
+    ratios = [nvd.method_ratio(n, "dyt") for n in (6, 12, 200)]
+    assert 1.0 < ratios[0] < ratios[1] < ratios[2] < 50
+
+
+def test_main_prints_the_normalization_free_table(nvd: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    nvd.main(["--depths", "6"])
+    lines = capsys.readouterr().out.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("3. tfx EncoderLayer stack per")))
+    assert lines[header + 1].split() == ["N", "dyt", "rezero", "fixup"]
+    assert lines[header + 2].split()[2:] == ["1.0000e+00", "1.0000e+00"]

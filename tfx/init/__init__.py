@@ -12,6 +12,7 @@ from collections.abc import Callable
 from tfx.init.admin import init_admin
 from tfx.init.component_wise import init_component_wise
 from tfx.init.deepnorm import deepnorm_beta, init_deepnorm
+from tfx.init.fixup import fixup_attention_scale, fixup_branches, fixup_ffn_scale, init_fixup
 from tfx.init.tfixup import init_tfixup, tfixup_decoder_scale, tfixup_embedding_scale, tfixup_encoder_scale
 from tfx.init.xavier import ModelInputs, init_xavier
 from tfx.model import Transformer
@@ -25,13 +26,14 @@ SCHEMES: dict[str, InitFn] = {
     "component_wise": init_component_wise,
     "deepnorm": init_deepnorm,
     "admin": init_admin,
+    "fixup": init_fixup,
 }
 
 # Schemes that read the first training batch (the trainer plans it only for these).
 NEEDS_BATCH: frozenset[str] = frozenset({"admin"})
 
 # Schemes that only make sense with one residual kind (``model.norm``).
-NEEDS_NORM: dict[str, str] = {"tfixup": "none", "deepnorm": "deepnorm", "admin": "admin"}
+NEEDS_NORM: dict[str, str] = {"tfixup": "none", "deepnorm": "deepnorm", "admin": "admin", "fixup": "fixup"}
 
 
 def check_fits(name: str, norm: str) -> None:
@@ -60,9 +62,13 @@ __all__ = [
     "apply_init",
     "check_fits",
     "deepnorm_beta",
+    "fixup_attention_scale",
+    "fixup_branches",
+    "fixup_ffn_scale",
     "init_admin",
     "init_component_wise",
     "init_deepnorm",
+    "init_fixup",
     "init_tfixup",
     "init_xavier",
     "tfixup_decoder_scale",

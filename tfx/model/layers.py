@@ -1,7 +1,8 @@
 """Encoder and decoder layers: attention and FFN sublayers, each inside its residual connection.
 
 The residual kind (``tfx.model.residual``) comes in as a factory, so a layer reads the same for
-every method: ``x = self.self_attn_block(x, lambda h: self.self_attn(h, h, ...))``.
+every method: ``x = self.self_attn_block(x, lambda h: self.self_attn(h, h, ...))``. A kind whose
+sublayers share state within the layer (ReZero's one resweight) ties it once the blocks exist.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(d_model, ffn_dim, activation_dropout)
         self.self_attn_block = residual()
         self.ffn_block = residual()
+        type(self.ffn_block).share_within_layer([self.self_attn_block, self.ffn_block])
 
     def forward(self, x: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None = None) -> Tensor:
         """``attn_mask`` (True = may attend; packed rows) replaces ``padding_mask`` (True at padding)."""
@@ -70,6 +72,7 @@ class DecoderLayer(nn.Module):
         self.self_attn_block = residual()
         self.encoder_attn_block = residual()
         self.ffn_block = residual()
+        type(self.ffn_block).share_within_layer([self.self_attn_block, self.encoder_attn_block, self.ffn_block])
 
     def forward(
         self,

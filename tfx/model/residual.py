@@ -7,15 +7,23 @@ Every kind wraps a sublayer ``f`` (attention or FFN) with dropout on its output:
 - ``pre``: x + f(LN(x)), and each stack ends with a LayerNorm (Xiong et al. 2020);
 - ``deepnorm``: LN(alpha * x + f(x)), alpha from both stack depths (DeepNet, Wang et al. 2022);
 - ``admin``: LN(omega * x + f(x)), omega a learnable vector set by a profiling pass
-  (Liu et al. 2020; ``tfx.init.admin``).
+  (Liu et al. 2020; ``tfx.init.admin``);
+- ``dyt``: x + f(DyT(x)), Pre-LN with every LayerNorm, the stack-final one included, replaced by
+  DyT(x) = weight * tanh(alpha * x) + bias, alpha one learnable scalar (Zhu et al. 2025);
+- ``rezero``: x + resweight * f(x), no LayerNorm, one scalar resweight per layer, 0 at init and
+  shared by the layer's sublayers (Bachlechner et al. 2020);
+- ``fixup``: x + scale * f(x - shift), no LayerNorm, a learnable scalar bias and multiplier per
+  sublayer (Zhang et al. 2019, as its authors' fairseq code applies it to the Transformer).
 
 ``make_residual`` builds one per sublayer; ``RESIDUALS`` is the one list of kinds (``model.norm``).
+A kind's stack-final module is ``final_module`` (a LayerNorm for Pre-LN); a kind whose sublayers share
+state within one layer (ReZero) ties it in ``share_within_layer``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import ClassVar, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +37,8 @@ Side = Literal["encoder", "decoder"]
 class Residual(nn.Module):
     """x + dropout(f(x)) with no LayerNorm; the base of every kind."""
 
-    final_norm: ClassVar[bool] = False  # the stack ends with a LayerNorm (Pre-LN)
+    # keyword arguments of this kind's constructor that come from the model config (``make_residual``)
+    options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int) -> None:
         super().__init__()
@@ -37,6 +46,15 @@ class Residual(nn.Module):
 
     def forward(self, x: Tensor, branch: Branch) -> Tensor:
         return x + self.dropout(branch(x))
+
+    @classmethod
+    def final_module(cls, d_model: int, side: Side, **options: Any) -> nn.Module:
+        """What each stack applies to its last layer's output: nothing here; a LayerNorm for Pre-LN."""
+        return nn.Identity()
+
+    @classmethod
+    def share_within_layer(cls, blocks: Sequence[Residual]) -> None:
+        """Tie state that the sublayers of one layer share (ReZero's resweight); most kinds share none."""
 
 
 class PostLN(Residual):
@@ -53,7 +71,9 @@ class PostLN(Residual):
 class PreLN(PostLN):
     """x + dropout(f(LN(x))); the stack's final LayerNorm normalizes what the last block leaves."""
 
-    final_norm = True
+    @classmethod
+    def final_module(cls, d_model: int, side: Side, **options: Any) -> nn.Module:
+        return nn.LayerNorm(d_model)
 
     def forward(self, x: Tensor, branch: Branch) -> Tensor:
         return x + self.dropout(branch(self.norm(x)))
@@ -94,6 +114,96 @@ class Admin(PostLN):
         return self.norm(self.omega * x + self.dropout(branch(x)))
 
 
+class DynamicTanh(nn.Module):
+    """DyT(x) = weight * tanh(alpha * x) + bias (Zhu, Chen, He, LeCun, Liu, CVPR 2025; jiachenzhu/DyT,
+    ``dynamic_tanh.py``): alpha one learnable scalar, weight 1 and bias 0 per channel, as a LayerNorm's
+    affine starts. tanh squashes the extreme activations a LayerNorm would scale down; alpha sets where."""
+
+    def __init__(self, d_model: int, alpha_init: float) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), alpha_init))
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.weight * torch.tanh(self.alpha * x) + self.bias
+
+
+class DyT(Residual):
+    """x + dropout(f(DyT(x))): Pre-LN with DyT where each LayerNorm was, the stack-final one too, as the
+    reference's ``convert_ln_to_dyt`` turns a Pre-LN model into its DyT model."""
+
+    options = ("dyt_alpha",)
+
+    def __init__(
+        self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int, dyt_alpha: float = 0.5
+    ) -> None:
+        super().__init__(d_model, dropout, side, n_enc, n_dec)
+        self.norm = DynamicTanh(d_model, dyt_alpha)
+
+    def forward(self, x: Tensor, branch: Branch) -> Tensor:
+        return x + self.dropout(branch(self.norm(x)))
+
+    @classmethod
+    def final_module(cls, d_model: int, side: Side, dyt_alpha: float = 0.5, **options: Any) -> nn.Module:
+        return DynamicTanh(d_model, dyt_alpha)
+
+
+class ReZero(Residual):
+    """x + resweight * dropout(f(x)), no LayerNorm (majumderb/rezero, ``rezero/transformer/rztx.py``).
+
+    resweight starts at 0, so every layer is the identity map at init and the stack's output is its
+    input. The reference keeps one resweight per layer (``RZTXEncoderLayer.resweight``) that all its
+    sublayers multiply by: ``share_within_layer`` makes this layer's blocks hold that one Parameter.
+    """
+
+    def __init__(self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int) -> None:
+        super().__init__(d_model, dropout, side, n_enc, n_dec)
+        self.resweight = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: Tensor, branch: Branch) -> Tensor:
+        return x + self.resweight * self.dropout(branch(x))
+
+    @classmethod
+    def share_within_layer(cls, blocks: Sequence[Residual]) -> None:
+        shared = blocks[0].resweight
+        for block in blocks[1:]:
+            block.resweight = shared  # the same Parameter: one scalar, one gradient, one optimizer state
+
+
+class Fixup(Residual):
+    """x + scale * dropout(f(x - shift)), no LayerNorm (hongyi-zhang/Fixup, ``fairseq/fairseq/models/
+    transformer_zero.py``): Fixup's scalar bias before each branch and scalar multiplier after it
+    (``LayerShift`` 0, ``LayerScale`` 1). The zeroed and depth-scaled weights are ``tfx.init.fixup``."""
+
+    def __init__(self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int) -> None:
+        super().__init__(d_model, dropout, side, n_enc, n_dec)
+        self.shift = nn.Parameter(torch.zeros(1))
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: Tensor, branch: Branch) -> Tensor:
+        return x + self.scale * self.dropout(branch(x - self.shift))
+
+    @classmethod
+    def final_module(cls, d_model: int, side: Side, **options: Any) -> nn.Module:
+        """The reference ends the encoder with ``scale0(shift0(x))`` and the decoder with ``shift0(x)``
+        alone (its decoder's ``scale0`` is commented out)."""
+        return FixupOutput(with_scale=side == "encoder")
+
+
+class FixupOutput(nn.Module):
+    """(x - shift) * scale at the end of a Fixup stack; the scale is left out where the reference has none."""
+
+    def __init__(self, with_scale: bool) -> None:
+        super().__init__()
+        self.shift = nn.Parameter(torch.zeros(1))
+        self.scale = nn.Parameter(torch.ones(1)) if with_scale else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x - self.shift
+        return x if self.scale is None else x * self.scale
+
+
 # The one registry of residual kinds: tfx.config validates ``model.norm`` against its keys.
 RESIDUALS: dict[str, type[Residual]] = {
     "none": Residual,
@@ -101,6 +211,9 @@ RESIDUALS: dict[str, type[Residual]] = {
     "pre": PreLN,
     "deepnorm": DeepNorm,
     "admin": Admin,
+    "dyt": DyT,
+    "rezero": ReZero,
+    "fixup": Fixup,
 }
 
 
@@ -110,14 +223,25 @@ def residual_class(kind: str) -> type[Residual]:
     return RESIDUALS[kind]
 
 
-def make_residual(kind: str, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int) -> Residual:
-    """The residual connection of one sublayer of a ``side`` stack in an n_enc + n_dec model."""
-    return residual_class(kind)(d_model, dropout, side, n_enc, n_dec)
+def _own_options(cls: type[Residual], options: dict[str, Any]) -> dict[str, Any]:
+    """The model options this kind takes (DyT's ``dyt_alpha``); the others' options are not its business."""
+    return {k: v for k, v in options.items() if k in cls.options}
 
 
-def final_norm(kind: str, d_model: int) -> nn.Module:
-    """The stack-final LayerNorm the kind needs (Pre-LN); identity for the others."""
-    return nn.LayerNorm(d_model) if residual_class(kind).final_norm else nn.Identity()
+def make_residual(
+    kind: str, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int, **options: Any
+) -> Residual:
+    """The residual connection of one sublayer of a ``side`` stack in an n_enc + n_dec model; ``options``:
+    the model's per-kind settings (``dyt_alpha``), each passed to the kind that declares it."""
+    cls = residual_class(kind)
+    return cls(d_model, dropout, side, n_enc, n_dec, **_own_options(cls, options))
+
+
+def final_norm(kind: str, d_model: int, side: Side = "encoder", **options: Any) -> nn.Module:
+    """The module that ends a ``side`` stack of this kind: a LayerNorm (Pre-LN), a DyT, Fixup's scalar
+    shift and scale, or the identity."""
+    cls = residual_class(kind)
+    return cls.final_module(d_model, side, **_own_options(cls, options))
 
 
 def has_layer_norm(model: nn.Module) -> bool:
@@ -128,8 +252,13 @@ __all__ = [
     "RESIDUALS",
     "Admin",
     "DeepNorm",
+    "DyT",
+    "DynamicTanh",
+    "Fixup",
+    "FixupOutput",
     "PostLN",
     "PreLN",
+    "ReZero",
     "Residual",
     "deepnorm_alpha",
     "final_norm",

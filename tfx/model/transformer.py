@@ -167,7 +167,8 @@ class Transformer(nn.Module):
 
     ``norm`` is the residual kind (``tfx.model.residual.RESIDUALS``): ``none`` (T-Fixup; no
     LayerNorm module exists), ``post``, ``pre`` (adds a final LayerNorm to each stack),
-    ``deepnorm`` or ``admin``.
+    ``deepnorm``, ``admin``, ``dyt`` (Pre-LN with DyT for every LayerNorm; ``dyt_alpha`` is its
+    alpha at init), ``rezero`` or ``fixup``.
     """
 
     def __init__(
@@ -187,6 +188,7 @@ class Transformer(nn.Module):
         share_all_embeddings: bool = False,
         max_positions: int = 1024,
         checkpoint_activations: bool = False,
+        dyt_alpha: float = 0.5,
     ) -> None:
         super().__init__()
         self.norm = norm
@@ -199,8 +201,12 @@ class Transformer(nn.Module):
             attention_dropout=attention_dropout,
             activation_dropout=activation_dropout,
         )
-        # DeepNorm's skip weight depends on the side and both depths: the factory knows them.
-        residual = functools.partial(make_residual, norm, d_model, dropout, n_enc=encoder_layers, n_dec=decoder_layers)
+        # DeepNorm's skip weight depends on the side and both depths: the factory knows them, and the
+        # per-kind options (DyT's alpha init), which reach only the kind that declares them.
+        options = {"dyt_alpha": dyt_alpha}
+        residual = functools.partial(
+            make_residual, norm, d_model, dropout, n_enc=encoder_layers, n_dec=decoder_layers, **options
+        )
         enc_embed = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         dec_embed = enc_embed if share_all_embeddings else nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         tied = share_decoder_embeddings or share_all_embeddings
@@ -209,13 +215,13 @@ class Transformer(nn.Module):
         self.encoder = Encoder(
             TokenEmbedding(enc_embed, max_positions, dropout),
             [EncoderLayer(residual=enc_residual, **layer_args) for _ in range(encoder_layers)],
-            final_norm(norm, d_model),
+            final_norm(norm, d_model, "encoder", **options),
             pad_id,
         )
         self.decoder = Decoder(
             TokenEmbedding(dec_embed, max_positions, dropout),
             [DecoderLayer(residual=dec_residual, **layer_args) for _ in range(decoder_layers)],
-            final_norm(norm, d_model),
+            final_norm(norm, d_model, "decoder", **options),
             None if tied else nn.Linear(d_model, vocab_size, bias=False),
         )
         self.set_activation_checkpointing(checkpoint_activations)

@@ -19,6 +19,9 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "deepnorm": ("deepnorm", []),
     "admin": ("admin", []),
     "xavier_noln": ("xavier_noln", []),
+    "dyt": ("dyt", []),
+    "rezero": ("rezero", []),
+    "fixup": ("fixup", []),
     # Post-LN's warmup, then T-Fixup's decay (scripts/budget_study.py: separates the init from the schedule)
     "postln_tfixup_lr": ("postln", ["optim.offset_decay=true"]),
     # the large-batch recipe for GPU throughput (issue 25): 32k target tokens per update, 16x the multi30k
