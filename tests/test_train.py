@@ -111,6 +111,21 @@ def test_method_learns_the_toy_task(tmp_path: Path, method: str) -> None:
     assert summary["step"] == 1200 and summary["best_bleu"] >= 90, summary["best_bleu"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method", NORMALIZATION_FREE)
+def test_method_trains_100_plus_100_layers(tmp_path: Path, method: str) -> None:
+    """100 + 100 layers at d 32 (FFN 64), 150 toy updates with a 100-update warmup: every loss finite and the
+    last ten below the first ten (not diverging). Minutes of CPU each."""
+    cfg = toy_method_cfg(
+        tmp_path, method, "model.encoder_layers=100", "model.decoder_layers=100", "model.d_model=32",
+        "model.ffn_dim=64", "train.max_updates=150", "optim.warmup_updates=100", "train.validate_every_updates=0",
+        "train.layer_stats_every_updates=50",
+    )  # fmt: skip
+    losses = train(cfg, tmp_path / "run")["losses"]
+    assert len(losses) == 150 and all(math.isfinite(v) for v in losses)
+    assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
+
+
 def test_resuming_from_a_weights_only_checkpoint_is_refused(tmp_path: Path) -> None:
     train(tiny_cfg(tmp_path, max_updates=4), tmp_path / "run")
     best = tmp_path / "run" / "checkpoints" / "checkpoint_best.pt"

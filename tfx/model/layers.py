@@ -47,7 +47,7 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(d_model, ffn_dim, activation_dropout)
         self.self_attn_block = residual()
         self.ffn_block = residual()
-        type(self.ffn_block).share_within_layer([self.self_attn_block, self.ffn_block])
+        self.ffn_block.share_within_layer([self.self_attn_block, self.ffn_block])
 
     def forward(self, x: Tensor, padding_mask: Tensor | None, attn_mask: Tensor | None = None) -> Tensor:
         """``attn_mask`` (True = may attend; packed rows) replaces ``padding_mask`` (True at padding)."""
@@ -72,7 +72,7 @@ class DecoderLayer(nn.Module):
         self.self_attn_block = residual()
         self.encoder_attn_block = residual()
         self.ffn_block = residual()
-        type(self.ffn_block).share_within_layer([self.self_attn_block, self.encoder_attn_block, self.ffn_block])
+        self.ffn_block.share_within_layer([self.self_attn_block, self.encoder_attn_block, self.ffn_block])
 
     def forward(
         self,
