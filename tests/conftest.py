@@ -24,7 +24,13 @@ GPU_TEST_DEVICE = os.environ.get("TFX_GPU_TEST_DEVICE", "cuda")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `gpu`-marked tests cleanly where CUDA is missing (unless TFX_GPU_TEST_DEVICE names another device)."""
+    """Skip `gpu`-marked tests cleanly where CUDA is missing (unless TFX_GPU_TEST_DEVICE names another device);
+    with TFX_LONG_TESTS=0 leave out the `long` ones (CI runs them once, in its other pass: .ci/run)."""
+    if os.environ.get("TFX_LONG_TESTS") == "0":
+        skip_long = pytest.mark.skip(reason="TFX_LONG_TESTS=0: run in CI's other pass")
+        for item in items:
+            if "long" in item.keywords:
+                item.add_marker(skip_long)
     if GPU_TEST_DEVICE != "cuda" or torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (TFX_GPU_TEST_DEVICE=cpu runs it on CPU)")
