@@ -40,6 +40,9 @@ EXPECTED = {
     "xavier_noln": ("none", "xavier", "adam", 0),
     "postln_tfixup_lr": ("post", "xavier", "adam", 50),  # + T-Fixup's decay after the warmup (budget_study.py)
     "tfixup_32k": ("none", "tfixup", "adam", 0),  # 32k-token batches; the study's max_tokens wins here
+    "dyt": ("dyt", "xavier", "adam", 50),  # the normalization-free methods of issue 51 (docs/methods.md)
+    "rezero": ("rezero", "xavier", "adam", 0),
+    "fixup": ("fixup", "fixup", "adam", 50),
 }
 
 
