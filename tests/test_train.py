@@ -466,5 +466,5 @@ def test_a_run_ends_by_saying_how_far_it_went_and_what_to_run_next(
         f"best valid BLEU {summary['best_bleu']:.2f} at update {best['step']}: run/checkpoints/checkpoint_best.pt"
         in lines
     )
-    assert f"test BLEU:  {REPO / 'scripts' / 'eval_bleu.sh'} run --avg 2 --beam 5" in lines
+    assert f"test BLEU:  {REPO / 'scripts' / 'eval_bleu.sh'} run --beam 5" in lines  # 2 epochs: the best, no average
     assert "translate:  python -m tfx.translate run/checkpoints/checkpoint_best.pt --input FILE --beam 5" in lines
