@@ -100,7 +100,7 @@ def evaluate(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.src is not None:
         sets = [(src.name, *read_parallel_text(src, ref)) for src, ref in zip(args.src, args.ref, strict=True)]
     else:
-        sets = [(args.split, *split_texts(cfg, args.split, config.get("train", {}).get("seed", 1), tokenizer))]
+        sets = [(args.split, *split_texts(cfg, args.split, config.get("train", {}).get("seed", 1)))]
     if empty := next((name for name, src, _ in sets if not src), None):  # before any set is decoded
         raise DataError(f"{empty}: no sentences to translate")
     outputs = args.output or [ckpt_path.with_name(f"{ckpt_path.stem}.{name}.hyp") for name, _, _ in sets]

@@ -16,8 +16,8 @@ from typing import Any
 from tfx.bleu import score_all
 from tfx.checkpoint import build_from_checkpoint
 from tfx.config import DataConfig
-from tfx.data import DataError, prepare_data, read_parallel_text
-from tfx.data.sources import find_text_file
+from tfx.data import DataError
+from tfx.data.sources import split_sides
 from tfx.distributed import resolve_device
 from tfx.translate import translate_with_args
 
@@ -38,17 +38,12 @@ def data_config(config: dict[str, Any], data_dir: Path | None) -> DataConfig:
         raise DataError(f"the checkpoint's data config is invalid: {err}") from err
 
 
-def split_texts(cfg: DataConfig, split: str, seed: int, tokenizer) -> Texts:
-    """Source and reference sentences of the run's ``split``."""
-    if cfg.source == "local":
-        if not cfg.local_dir:
-            raise DataError("the run has data.source=local but no data.local_dir: pass --data-dir or --src/--ref")
-        folder = Path(cfg.local_dir)
-        prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
-        src, tgt = (find_text_file(folder, prefix, lang) for lang in (cfg.src_lang, cfg.tgt_lang))
-        return read_parallel_text(src, tgt)
-    data = prepare_data(cfg, seed=seed, splits=(split,), tokenizer=tokenizer).splits[split]
-    return list(data.src_text), list(data.tgt_text)
+def split_texts(cfg: DataConfig, split: str, seed: int) -> Texts:
+    """Source and reference sentences of the run's ``split``, as text (nothing is encoded)."""
+    if cfg.source == "local" and not cfg.local_dir:
+        raise DataError("the run has data.source=local but no data.local_dir: pass --data-dir or --src/--ref")
+    src, tgt = split_sides(cfg, split, seed)
+    return src.read_all(), tgt.read_all()
 
 
 def valid_scorer(first: dict[str, Any], args: argparse.Namespace) -> Callable[[dict[str, Any]], float]:
@@ -60,7 +55,7 @@ def valid_scorer(first: dict[str, Any], args: argparse.Namespace) -> Callable[[d
     device = resolve_device(args.device, setting="--device")
     model, tokenizer, config = build_from_checkpoint(first, device)
     cfg = data_config(config, args.data_dir)
-    src, refs = split_texts(cfg, "valid", config.get("train", {}).get("seed", 1), tokenizer)
+    src, refs = split_texts(cfg, "valid", config.get("train", {}).get("seed", 1))
     if args.valid_max_sentences:
         src, refs = src[: args.valid_max_sentences], refs[: args.valid_max_sentences]
     if not src:

@@ -10,11 +10,17 @@ from hypothesis import strategies as st
 
 from tests.data.helpers import toy_config
 from tfx.data import BOS, EOS, PAD, Batch, DataError, EncodedSplit, collate, make_batches, prepare_data
+from tfx.data.batching import _group_in_order, group_by_budget
 
 
 @pytest.fixture(scope="module")
 def train(tmp_path_factory) -> EncodedSplit:
     return prepare_data(toy_config(tmp_path_factory.mktemp("b")), splits=("train",)).splits["train"]
+
+
+def plain(plan: list) -> list[list[int]]:
+    """A plan (arrays of indices) as lists, to compare plans with ``==``."""
+    return [[int(i) for i in batch] for batch in plan]
 
 
 def cost(split: EncodedSplit, batch: list[int]) -> int:
@@ -35,11 +41,13 @@ def test_example_longer_than_budget_gets_its_own_batch(train):
 
 
 def test_order_is_deterministic_per_seed_and_epoch(train):
-    assert make_batches(train, 300, seed=1, epoch=1) == make_batches(train, 300, seed=1, epoch=1)
-    assert make_batches(train, 300, seed=1, epoch=1) != make_batches(train, 300, seed=1, epoch=2)
-    assert make_batches(train, 300, seed=1, epoch=1) != make_batches(train, 300, seed=2, epoch=1)
-    fixed = make_batches(train, 300, shuffle=False)
-    assert fixed == make_batches(train, 300, shuffle=False, seed=5, epoch=9)
+    def plan(**kw) -> list[list[int]]:
+        return plain(make_batches(train, 300, **kw))
+
+    assert plan(seed=1, epoch=1) == plan(seed=1, epoch=1)
+    assert plan(seed=1, epoch=1) != plan(seed=1, epoch=2)
+    assert plan(seed=1, epoch=1) != plan(seed=2, epoch=1)
+    assert plan(shuffle=False) == plan(shuffle=False, seed=5, epoch=9)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -145,9 +153,9 @@ def test_batching_properties(lengths, max_tokens, max_sentences, world_size, see
     assert sorted(i for share in shares for b in share for i in b) == list(range(len(split)))
     assert len({len(share) for share in shares}) == 1
     for b in (b for share in shares for b in share):
-        assert b and (cost(split, b) <= max_tokens or len(b) == 1)
+        assert len(b) and (cost(split, b) <= max_tokens or len(b) == 1)
         assert max_sentences is None or len(b) <= max_sentences
-    assert [plan(r) for r in range(world_size)] == shares
+    assert [plain(plan(r)) for r in range(world_size)] == [plain(share) for share in shares]
 
 
 def test_collate_lengths_are_int64(train):
@@ -163,7 +171,7 @@ def test_batch_to_moves_every_tensor(train):
 
 
 def test_defaults_and_rank_check(train):
-    assert make_batches(train, 300) == make_batches(train, 300, seed=1, epoch=1)
+    assert plain(make_batches(train, 300)) == plain(make_batches(train, 300, seed=1, epoch=1))
     with pytest.raises(ValueError, match=r"rank=2 must be in \[0, world_size=2\)"):
         make_batches(train, 300, rank=2, world_size=2)
 
@@ -187,3 +195,21 @@ def test_even_out_splits_a_two_sentence_batch():
     assert [[len(b) for b in share] for share in shares] == [[1], [1], [1]]
     with pytest.raises(DataError, match="cannot give 2 ranks equal batch counts from 3 examples"):
         make_batches(split_of([(5, 5)] * 3), 5, world_size=2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=0, max_size=80),
+    max_tokens=st.integers(1, 200),
+    max_sentences=st.none() | st.integers(1, 8),
+)
+def test_budget_cuts_of_a_sorted_order_equal_the_sentence_by_sentence_loop(sizes, max_tokens, max_sentences):
+    """The batch-at-a-time cut (``searchsorted`` over each window) is the greedy loop it replaced, exactly:
+    the plans of every seed and epoch stay what they were."""
+    sizes = np.array(sorted(sizes), dtype=np.int64)
+    order = np.random.default_rng(0).permutation(len(sizes))
+    by_order = np.empty_like(sizes)
+    by_order[order] = sizes  # sizes[order] is sorted, as length_order makes it
+    fast = group_by_budget(order, by_order, max_tokens, max_sentences)
+    loop = _group_in_order(order, by_order[order], max_tokens, max_sentences or len(order))
+    assert plain(fast) == loop

@@ -8,14 +8,17 @@ import sentencepiece as spm
 from tests.data.helpers import PAIRS, toy_config, write_text_corpus
 from tfx.config import DataConfig
 from tfx.data import EOS, DataError, Tokenizer, prepare_data
+from tfx.data.sources import load_split
 
 
-def test_every_sequence_ends_with_eos_and_texts_are_kept(tmp_path):
+def test_every_sequence_ends_with_eos_and_only_valid_and_test_keep_their_text(tmp_path):
     corpus = prepare_data(toy_config(tmp_path))
     assert set(corpus.splits) == {"train", "valid", "test"}
-    for split in corpus.splits.values():
-        assert len(split) == len(split.src_text) == len(split.tgt)
-        assert all(s[-1] == EOS and EOS not in s[:-1] for s in split.src + split.tgt)
+    for name, split in corpus.splits.items():
+        assert len(split) == len(split.tgt) == len(split.src_sizes) > 0
+        assert all(s[-1] == EOS and EOS not in s[:-1] for s in [*split.src, *split.tgt])
+        texts = (split.src_text, split.tgt_text)
+        assert texts == (None, None) if name == "train" else len(split.src_text) == len(split.tgt_text) == len(split)
     valid = corpus.splits["valid"]
     assert corpus.tokenizer.decode(valid.tgt[0]) == valid.tgt_text[0]
 
@@ -25,7 +28,7 @@ def test_second_run_reuses_model_and_encodings(tmp_path, monkeypatch):
     first = prepare_data(cfg)
     cached = sorted((tmp_path / "cache").glob("*.*"))
     mtimes = [p.stat().st_mtime_ns for p in cached]
-    assert any(p.suffix == ".model" for p in cached) and sum(p.suffix == ".npz" for p in cached) == 6
+    assert any(p.suffix == ".model" for p in cached) and sum(p.suffix == ".tok" for p in cached) == 6
 
     def fail(*args, **kwargs):
         raise AssertionError("cache miss: this should have come from the cache")
@@ -98,7 +101,8 @@ def test_changed_sentencepiece_settings_retrain_and_reencode(tmp_path, monkeypat
     assert new.tokenizer.model_bytes != old.tokenizer.model_bytes
     for split in ("train", "valid"):
         data = new.splits[split]
-        expected = [ids + [EOS] for ids in new.tokenizer.encode_batch(data.src_text)]
+        texts = load_split(toy_config(tmp_path, **change), split)[0]
+        expected = [ids + [EOS] for ids in new.tokenizer.encode_batch(texts)]
         assert [s.tolist() for s in data.src] == expected
         assert [s.tolist() for s in data.src] != [s.tolist() for s in old.splits[split].src]
 

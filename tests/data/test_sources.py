@@ -39,10 +39,11 @@ def test_local_folder_reads_plain_and_gz_in_both_directions(tmp_path):
         f.write("A test.\n")
     cfg = DataConfig(source="local", local_dir=str(folder), vocab_size=200, cache_dir=str(tmp_path / "c"))
     corpus = prepare_data(cfg)
-    assert corpus.splits["train"].src_text == [de for de, _ in PAIRS]
-    assert corpus.splits["test"].tgt_text == ["A test."]
+    decode = corpus.tokenizer.decode
+    assert [decode(ids) for ids in corpus.splits["train"].src] == [de for de, _ in PAIRS]
+    assert corpus.splits["test"].tgt_text == ["A test."] and decode(corpus.splits["test"].tgt[0]) == "A test."
     reverse = prepare_data(DataConfig(**{**cfg.__dict__, "src_lang": "en", "tgt_lang": "de"}))
-    assert reverse.splits["train"].src_text == [en for _, en in PAIRS]
+    assert [decode(ids) for ids in reverse.splits["train"].src] == [en for _, en in PAIRS]
     assert reverse.tokenizer.model_bytes == corpus.tokenizer.model_bytes  # one joint model for both
 
 
@@ -98,9 +99,11 @@ def test_hub_parquet_round_trip(tmp_path, nested):
         cache_dir=str(tmp_path / "cache"),
     )
     corpus = prepare_data(cfg)
-    for split in ("train", "valid", "test"):
+    for split in ("valid", "test"):
         assert corpus.splits[split].src_text == [de for de, _ in PAIRS]
         assert corpus.splits[split].tgt_text == [en for _, en in PAIRS]
+    train = corpus.splits["train"]
+    assert [corpus.tokenizer.decode(ids) for ids in train.tgt] == [en for _, en in PAIRS]
     assert corpus.tokenizer.decode(corpus.splits["valid"].tgt[1]) == PAIRS[1][1]
 
 

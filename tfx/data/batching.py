@@ -81,8 +81,8 @@ def make_batches(
     epoch: int = 1,
     rank: int = 0,
     world_size: int = 1,
-) -> list[list[int]]:
-    """This rank's batches (lists of example indices) for one epoch.
+) -> list[np.ndarray]:
+    """This rank's batches (arrays of example indices) for one epoch.
 
     A batch costs ``n_sentences * max(len)`` over source and target (fairseq's padded count) and
     stays within ``max_tokens``, except a single example longer than the budget, which gets a batch
@@ -110,13 +110,31 @@ def length_order(split: EncodedSplit, sizes: np.ndarray, rng: np.random.Generato
 
 def group_by_budget(
     order: np.ndarray, sizes: np.ndarray, max_tokens: int, max_sentences: int | None
-) -> list[list[int]]:
-    """Cut the length-sorted ``order`` into consecutive runs within the token budget."""
+) -> list[list[int]] | list[np.ndarray]:
+    """Cut the length-sorted ``order`` into consecutive runs within the token budget.
+
+    Sorted by size (as ``length_order`` sorts), a run's padded cost ``count x size of its last`` only grows as
+    it extends, so each run's end is one ``searchsorted`` over a window: a batch at a time, not a sentence at a
+    time (a 4.5M-pair epoch plans in about a second). Other orders take the sentence-by-sentence loop.
+    """
     cap = max_sentences or len(order)
+    ordered = sizes[order]
+    if len(order) and (np.diff(ordered) < 0).any():
+        return _group_in_order(order, ordered, max_tokens, cap)
+    starts, start = [], 0
+    while start < len(order):
+        width = min(cap, len(order) - start, max_tokens // max(int(ordered[start]), 1) + 1)
+        cost = ordered[start : start + width] * np.arange(1, width + 1)
+        starts.append(start)
+        start += max(int(np.searchsorted(cost, max_tokens, side="right")), 1)  # an over-long one: a batch alone
+    return np.split(order, starts[1:]) if starts else []
+
+
+def _group_in_order(order: np.ndarray, ordered: np.ndarray, max_tokens: int, cap: int) -> list[list[int]]:
     batches: list[list[int]] = []
     current: list[int] = []
     longest = 0
-    for i, size in zip(order.tolist(), sizes[order].tolist(), strict=True):
+    for i, size in zip(order.tolist(), ordered.tolist(), strict=True):
         longest_with = max(longest, size)
         if current and ((len(current) + 1) * longest_with > max_tokens or len(current) >= cap):
             batches.append(current)
@@ -128,7 +146,7 @@ def group_by_budget(
     return batches
 
 
-def even_out(batches: list[list[int]], world_size: int) -> list[list[int]]:
+def even_out(batches: list, world_size: int) -> list:
     """Split the batch with most sentences in two until ranks can get equal batch counts.
 
     Equal counts keep data-parallel ranks in lockstep (no rank waits forever in an all-reduce);

@@ -1,57 +1,84 @@
-"""``prepare_data``: raw text -> joint sentencepiece vocabulary -> cached id arrays -> filtered splits.
+"""``prepare_data``: raw text -> joint sentencepiece vocabulary -> cached token stores -> filtered splits.
 
 Everything expensive is cached under ``cfg.cache_dir`` by a hash of its inputs: the sentencepiece
-model by the training texts and settings, each encoded (split, language) by the model and texts.
-A warm start therefore only reads and hashes the text.
+model by the training texts' digests and settings, each encoded (split, language) by the model and
+the text's digest. A warm start stats the files (``tfx.data.stream``), maps the stores and reads the
+raw text of valid/test only.
 """
 
 from __future__ import annotations
 
-import io
-import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tfx.config import DataConfig
-from tfx.data.cache import load_or_build
+from tfx.data.encoding import load_or_encode
 from tfx.data.errors import DataError
-from tfx.data.sources import check_split, load_split
-from tfx.data.vocab import EOS, Tokenizer, ensure_cache_dir, text_digest, train_tokenizer
+from tfx.data.sources import check_split, split_sides
+from tfx.data.store import MAGIC as STORE_FORMAT
+from tfx.data.store import TokenStore
+from tfx.data.stream import DigestMemo, TextSide
+from tfx.data.vocab import Tokenizer, ensure_cache_dir, text_digest, train_tokenizer
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class EncodedSplit:
-    """Aligned id sequences (each ending with EOS) and the raw sentences they came from."""
+    """Aligned id sequences (each ending with EOS) and, for valid/test, the raw sentences they came from.
 
-    src: list[np.ndarray]  # int32 piece ids + EOS, one array per sentence
-    tgt: list[np.ndarray]
-    src_text: list[str]  # raw sentences: references for BLEU, inputs for translation output
-    tgt_text: list[str]
+    ``src``/``tgt`` are any sequences of id arrays: a memory-mapped ``TokenStore`` (or a ``Rows`` view of one)
+    from ``prepare_data``, lists in tests. The training split keeps no raw text (``None``): at WMT size that
+    text is gigabytes of Python strings, and nothing reads it.
+    """
+
+    src: Sequence[np.ndarray]
+    tgt: Sequence[np.ndarray]
+    src_text: list[str] | None = None  # references for BLEU, inputs for translation output
+    tgt_text: list[str] | None = None
     src_sizes: np.ndarray = field(init=False, repr=False)  # len(src[i]), for batching and filtering
     tgt_sizes: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not (len(self.src) == len(self.tgt) == len(self.src_text) == len(self.tgt_text)):
+        texts = [len(t) for t in (self.src_text, self.tgt_text) if t is not None]
+        if len(self.src) != len(self.tgt) or any(n != len(self.src) for n in texts):
             raise ValueError("EncodedSplit: src, tgt, src_text and tgt_text must have equal lengths")
-        self.src_sizes = np.array([len(x) for x in self.src], dtype=np.int64)
-        self.tgt_sizes = np.array([len(x) for x in self.tgt], dtype=np.int64)
+        self.src_sizes, self.tgt_sizes = sizes_of(self.src), sizes_of(self.tgt)
 
     def __len__(self) -> int:
         return len(self.src)
 
     def subset(self, keep: np.ndarray) -> EncodedSplit:
-        """The examples at positions ``keep`` (an index array), in that order."""
-        return EncodedSplit(
-            [self.src[i] for i in keep],
-            [self.tgt[i] for i in keep],
-            [self.src_text[i] for i in keep],
-            [self.tgt_text[i] for i in keep],
-        )
+        """The examples at positions ``keep`` (an index array), in that order: views, nothing copied."""
+        texts = [None if t is None else [t[i] for i in keep] for t in (self.src_text, self.tgt_text)]
+        return EncodedSplit(Rows(self.src, keep), Rows(self.tgt, keep), *texts)
+
+
+def sizes_of(sentences: Sequence[np.ndarray]) -> np.ndarray:
+    """Each sentence's length: a store's eager sizes (int32: 18 MB a side at 4.5M pairs), or counted."""
+    sizes = getattr(sentences, "sizes", None)
+    if sizes is not None:
+        return sizes
+    return np.fromiter((len(x) for x in sentences), dtype=np.int64, count=len(sentences))
+
+
+class Rows(Sequence):
+    """The sentences of ``base`` at ``index``: the filtered training split, without copying a token."""
+
+    def __init__(self, base: Sequence[np.ndarray], index: np.ndarray) -> None:
+        if isinstance(base, Rows):  # a subset of a subset indexes the first base directly
+            base, index = base.base, base.index[index]
+        self.base, self.index = base, np.asarray(index, dtype=np.int64)
+        self.sizes = sizes_of(base)[self.index]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i):  # noqa: ANN001 - one index, as Sequence declares it
+        return self.base[int(self.index[i])]
 
 
 @dataclass
@@ -78,31 +105,23 @@ def prepare_data(
     """
     for split in splits:
         check_split(split)
-    texts = {split: load_split(cfg, split, seed) for split in splits}
-    if tokenizer is None and "train" not in texts:
-        texts["train"] = load_split(cfg, "train", seed)  # only to train (or find) the vocabulary
-    for split, (src_text, _) in texts.items():
-        if not src_text:
+    memo = DigestMemo(ensure_cache_dir(cfg.cache_dir))
+    sides = {split: split_sides(cfg, split, seed, memo) for split in splits}
+    if tokenizer is None and "train" not in sides:
+        sides["train"] = split_sides(cfg, "train", seed, memo)  # only to train (or find) the vocabulary
+    for split, (src, _) in sides.items():
+        if not src.lines:
             raise DataError(f"split {split} of {cfg.name} ({cfg.source}) has no sentences: check its files")
     if cfg.tokenized:
-        check_lowercased(texts, cfg.src_lang, cfg.tgt_lang)
+        heads = {split: (src.head(CASE_CHECK_LINES), tgt.head(CASE_CHECK_LINES)) for split, (src, tgt) in sides.items()}
+        check_lowercased(heads, cfg.src_lang, cfg.tgt_lang)
     if tokenizer is None:
-        train = texts["train"]
-        tokenizer = train_tokenizer(
-            {cfg.src_lang: train[0], cfg.tgt_lang: train[1]},
-            cfg.vocab_size,
-            cfg.spm_model_type,
-            cfg.spm_character_coverage,
-            cfg.cache_dir,
-            cfg.name,
-            cfg.num_workers,
-        )
+        tokenizer = vocabulary(cfg, *sides["train"])
     encoded = {}
     for split in splits:
-        src_text, tgt_text = texts[split]
-        data = EncodedSplit(
-            encode_cached(tokenizer, src_text, cfg), encode_cached(tokenizer, tgt_text, cfg), src_text, tgt_text
-        )
+        src, tgt = sides[split]
+        texts = (None, None) if split == "train" else (src.read_all(), tgt.read_all())
+        data = EncodedSplit(encode_cached(tokenizer, src, cfg), encode_cached(tokenizer, tgt, cfg), *texts)
         if split == "train":
             data = filter_train(data, cfg)
             if len(data) == 0:
@@ -122,6 +141,56 @@ def prepare_data(
         )
         encoded[split] = data
     return Corpus(tokenizer, encoded, cfg.src_lang, cfg.tgt_lang)
+
+
+SAMPLE_SEED = 1  # which lines a sampled vocabulary trains on; part of its cache key
+
+
+def vocabulary(cfg: DataConfig, src: TextSide, tgt: TextSide) -> Tokenizer:
+    """The joint sentencepiece model of the training split: trained on every sentence, or, past
+    ``data.spm_sample_sentences``, on the same randomly drawn lines of both sides (logged)."""
+    by_lang = dict(sorted({cfg.src_lang: src, cfg.tgt_lang: tgt}.items()))
+    sides = list(by_lang.values())
+    total = sum(side.lines for side in sides)
+    picks = None
+    if 0 < cfg.spm_sample_sentences < total:
+        per_side = max(cfg.spm_sample_sentences // len(sides), 1)
+        rng = np.random.default_rng(SAMPLE_SEED)
+        picks = np.sort(rng.choice(src.lines, size=min(per_side, src.lines), replace=False))
+        log.info(
+            "sentencepiece trains on %d of the %d training sentences (the same %d lines of each side; "
+            "data.spm_sample_sentences=%d)",
+            len(picks) * len(sides),
+            total,
+            len(picks),
+            cfg.spm_sample_sentences,
+        )
+    inputs = {lang: side.digest for lang, side in by_lang.items()}
+    inputs["sample"] = "all" if picks is None else f"{len(picks)} lines, seed {SAMPLE_SEED}"
+    return train_tokenizer(
+        lambda: sampled_lines(sides, picks),
+        inputs,
+        list(by_lang),
+        cfg.vocab_size,
+        cfg.spm_model_type,
+        cfg.spm_character_coverage,
+        cfg.cache_dir,
+        cfg.name,
+        cfg.num_workers,
+    )
+
+
+def sampled_lines(sides: list[TextSide], picks: np.ndarray | None) -> Iterator[str]:
+    """The lines of each side in turn: all of them, or those at the sorted positions ``picks``."""
+    for side in sides:
+        done = 0
+        for lines in side.line_chunks():
+            if picks is None:
+                yield from lines
+            else:
+                lo, hi = np.searchsorted(picks, (done, done + len(lines)))
+                yield from (lines[i - done] for i in picks[lo:hi].tolist())
+            done += len(lines)
 
 
 CASE_CHECK_LINES = 1000  # lines per file that check_lowercased reads: raw text has capitals within a few
@@ -144,44 +213,13 @@ def check_lowercased(texts: dict[str, tuple[list[str], list[str]]], src_lang: st
                 )
 
 
-def encode_cached(tokenizer: Tokenizer, texts: list[str], cfg: DataConfig) -> list[np.ndarray]:
-    """Ids of ``texts`` + EOS, from the cache when this model has encoded these texts before.
-
-    Stored as one flat int32 array plus offsets (``.npz``); sentences are views into it.
-    """
-    key = text_digest(texts, settings={"tokenizer": tokenizer.fingerprint})
-    path = ensure_cache_dir(cfg.cache_dir) / f"enc-{cfg.name}-{key}.npz"
-    tokens, offsets = load_or_build(
-        path,
-        lambda: flatten_with_eos(tokenizer.encode_batch(texts, cfg.num_workers)),
-        _npz_bytes,
-        lambda blob: _flat_ids(blob, len(texts)),
-    )
-    return np.split(tokens, offsets[1:-1]) if len(texts) else []
-
-
-def _npz_bytes(flat: tuple[np.ndarray, np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, tokens=flat[0], offsets=flat[1])
-    return buffer.getvalue()
-
-
-def _flat_ids(blob: bytes, n_texts: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, offsets) from ``_npz_bytes``; a ValueError unless they describe ``n_texts`` sentences."""
-    with np.load(io.BytesIO(blob)) as cached:
-        tokens, offsets = cached["tokens"], cached["offsets"]
-    if len(offsets) != n_texts + 1 or offsets[0] != 0 or offsets[-1] != len(tokens):
-        raise ValueError(f"{len(offsets) - 1} sentences / {len(tokens)} tokens, not {n_texts} sentences")
-    return tokens, offsets
-
-
-def flatten_with_eos(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """One int32 array of every sequence with EOS appended, and the n+1 start offsets."""
-    lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = itertools.chain.from_iterable(itertools.chain(x, (EOS,)) for x in ids)
-    return np.fromiter(flat, dtype=np.int32, count=int(offsets[-1])), offsets
+def encode_cached(tokenizer: Tokenizer, side: TextSide, cfg: DataConfig) -> TokenStore:
+    """Ids of every line of ``side`` + EOS, memory-mapped from the cache when this model has encoded this text
+    before (``tfx.data.store``; a damaged entry is rebuilt)."""
+    settings = {"tokenizer": tokenizer.fingerprint, "text": side.digest, "format": STORE_FORMAT.decode()}
+    key = text_digest(settings=settings)
+    path = ensure_cache_dir(cfg.cache_dir) / f"enc-{cfg.name}-{key}.tok"
+    return load_or_encode(path, side, tokenizer, cfg.num_workers)
 
 
 def filter_train(data: EncodedSplit, cfg: DataConfig) -> EncodedSplit:

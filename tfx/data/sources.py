@@ -20,6 +20,7 @@ import numpy as np
 
 from tfx.config import DataConfig
 from tfx.data.errors import DataError
+from tfx.data.stream import DigestMemo, TextSide, column_side, file_side, list_side
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,36 @@ def load_split(cfg: DataConfig, split: str, seed: int = 1) -> Texts:
     if cfg.source == "hub":
         return hub_split(cfg, split)
     raise DataError(f"data.source={cfg.source!r}: use toy, local or hub")
+
+
+def split_sides(
+    cfg: DataConfig, split: str, seed: int = 1, memo: DigestMemo | None = None
+) -> tuple[TextSide, TextSide]:
+    """Source and target of ``split`` as streams (``tfx.data.stream``): what preparation reads, chunk by chunk.
+
+    ``load_split`` gives the same lines as lists; this is the form that scales to corpora that do not fit in
+    memory as Python strings. Refuses sides whose line counts differ.
+    """
+    check_split(split)
+    if cfg.source == "toy":
+        src, tgt = toy_split(cfg, split, seed)
+        sides = list_side(src, f"toy {split} ({cfg.src_lang})"), list_side(tgt, f"toy {split} ({cfg.tgt_lang})")
+    elif cfg.source == "local":
+        folder = local_folder(cfg)
+        prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
+        memo = memo or DigestMemo(None)
+        sides = tuple(file_side(find_text_file(folder, prefix, lang), memo) for lang in (cfg.src_lang, cfg.tgt_lang))
+    elif cfg.source == "hub":
+        sides = hub_sides(cfg, split)
+    else:
+        raise DataError(f"data.source={cfg.source!r}: use toy, local or hub")
+    src, tgt = sides
+    if src.lines != tgt.lines:
+        raise DataError(
+            f"misaligned corpus: {src.where} has {src.lines} lines but {tgt.where} has {tgt.lines}; "
+            "the two files must be line-aligned translations"
+        )
+    return src, tgt
 
 
 # --- toy --------------------------------------------------------------------------------------
@@ -148,13 +179,19 @@ def read_parallel_text(src_path: str | Path, tgt_path: str | Path) -> Texts:
     return src, tgt
 
 
-def local_split(cfg: DataConfig, split: str) -> Texts:
-    """``split`` from ``cfg.local_dir``; the direction is just which suffix is read as the source."""
+def local_folder(cfg: DataConfig) -> Path:
+    """``data.local_dir``, refused in one line when unset or missing."""
     if not cfg.local_dir:
         raise DataError("data.source=local needs data.local_dir=DIR (a folder with train/valid/test.<lang>)")
     folder = Path(cfg.local_dir)
     if not folder.is_dir():
         raise DataError(f"data.local_dir={cfg.local_dir}: no such folder (relative to {os.getcwd()})")
+    return folder
+
+
+def local_split(cfg: DataConfig, split: str) -> Texts:
+    """``split`` from ``cfg.local_dir``; the direction is just which suffix is read as the source."""
+    folder = local_folder(cfg)
     prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
     return read_parallel_text(
         find_text_file(folder, prefix, cfg.src_lang), find_text_file(folder, prefix, cfg.tgt_lang)
@@ -262,13 +299,12 @@ def load_hub_dataset(cfg: DataConfig, split: str):  # -> datasets.Dataset
         raise DataError(message.replace("\n", " ")) from err
 
 
-def hub_split(cfg: DataConfig, split: str) -> Texts:
-    """``split`` as text pairs; languages are columns (flat rows) or keys under ``cfg.hub_field``."""
+def hub_columns(cfg: DataConfig, split: str):  # -> (pyarrow.Table, [source column, target column], fingerprint)
+    """The split's Arrow table with nested fields flattened, and the columns holding the two languages."""
     dataset = load_hub_dataset(cfg, split)
     table = dataset.data.table.flatten()  # nested struct fields become "translation.de" columns
     prefix = f"{cfg.hub_field}." if cfg.hub_field else ""
     present = [c.removeprefix(prefix) for c in table.column_names if c.startswith(prefix)]
-    texts = []
     for lang in (cfg.src_lang, cfg.tgt_lang):
         if lang not in present:
             field_hint = f"under field {cfg.hub_field!r} " if cfg.hub_field else ""
@@ -276,5 +312,19 @@ def hub_split(cfg: DataConfig, split: str) -> Texts:
                 f"hub rows of split {split} have no language {lang!r} {field_hint}(fields present: "
                 f"{', '.join(present or table.column_names)}); set data.src_lang/tgt_lang or data.hub_field"
             )
-        texts.append([s or "" for s in table.column(prefix + lang).to_pylist()])
-    return texts[0], texts[1]
+    return table, [prefix + cfg.src_lang, prefix + cfg.tgt_lang], dataset._fingerprint
+
+
+def hub_split(cfg: DataConfig, split: str) -> Texts:
+    """``split`` as text pairs; languages are columns (flat rows) or keys under ``cfg.hub_field``."""
+    table, columns, _ = hub_columns(cfg, split)
+    src, tgt = ([s or "" for s in table.column(c).to_pylist()] for c in columns)
+    return src, tgt
+
+
+def hub_sides(cfg: DataConfig, split: str) -> tuple[TextSide, TextSide]:
+    """``split``'s two columns as streams over the memory-mapped Arrow table."""
+    table, columns, fingerprint = hub_columns(cfg, split)
+    where = cfg.hub_name or "hub_data_files"
+    src, tgt = (column_side(table, c, fingerprint, f"{where} {split} ({c})") for c in columns)
+    return src, tgt

@@ -13,7 +13,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -134,7 +134,9 @@ def ensure_cache_dir(cache_dir: str | Path) -> Path:
 
 
 def train_tokenizer(
-    texts_by_lang: dict[str, Sequence[str]],
+    sentences: Callable[[], Iterable[str]],
+    inputs: dict[str, str],
+    langs: Sequence[str],
     vocab_size: int,
     model_type: str = "bpe",
     character_coverage: float = 1.0,
@@ -142,11 +144,12 @@ def train_tokenizer(
     name: str = "corpus",
     threads: int = 0,
 ) -> Tokenizer:
-    """Train (or reuse from the cache) a joint model on the training texts of both languages.
+    """Train (or reuse from the cache) a joint model on ``sentences()``, the training texts of both languages.
 
-    The cache key hashes the texts in language-name order plus the settings, so De->En and En->De
-    runs on the same files share one model. ``hard_vocab_limit=False`` makes ``vocab_size`` an
-    upper bound: a tiny corpus (the toy task) gets as many pieces as it has instead of an error.
+    ``inputs`` names what ``sentences`` yields (the texts' digests, how they were sampled) and is the cache key
+    with the settings, so De->En and En->De runs on the same files share one model and the texts are read only
+    when the model is not cached. ``hard_vocab_limit=False`` makes ``vocab_size`` an upper bound: a tiny
+    corpus (the toy task) gets as many pieces as it has instead of an error.
     """
     settings = {
         "vocab_size": vocab_size,
@@ -154,14 +157,13 @@ def train_tokenizer(
         "coverage": character_coverage,
         "specials": SPECIAL_IDS,
         "spm": spm.__version__,
+        "inputs": inputs,
     }
-    langs = sorted(texts_by_lang)
-    key = text_digest(*(texts_by_lang[lang] for lang in langs), settings=settings)
+    key = text_digest(settings=settings)
     path = ensure_cache_dir(cache_dir) / f"spm-{name}-{'-'.join(langs)}-{key}.model"
 
     def build() -> Tokenizer:
-        sentences = (s for lang in langs for s in texts_by_lang[lang])
-        tokenizer = Tokenizer(_train_spm(sentences, vocab_size, model_type, character_coverage, threads, name))
+        tokenizer = Tokenizer(_train_spm(sentences(), vocab_size, model_type, character_coverage, threads, name))
         log.info("trained sentencepiece %s model, %d pieces: %s", model_type, tokenizer.vocab_size, path)
         return tokenizer
 
