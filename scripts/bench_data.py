@@ -13,8 +13,9 @@
 - first: ``+experiment=multi30k`` on the corpus, from process start to the end of the first update (a Trainer,
   as ``python -m tfx.train`` builds it), beside the same on Multi30k itself: the difference is what the
   corpus adds (time and memory above the model's own);
-- ranks: the same first update under ``torchrun --nproc_per_node R`` (gloo): each rank's unique memory (USS),
-  beside the same on Multi30k, and the cache files each rank mapped.
+- ranks: the same first update under ``torchrun --nproc_per_node R`` (gloo): each rank's heap (anonymous
+  memory: what it holds of its own) beside the same on Multi30k, the mapped files (page cache, shared by the
+  ranks), USS, and the cache files each rank mapped.
 
 Prints one table; ``--json FILE`` writes the figures.
 """
@@ -197,9 +198,11 @@ def report(f: dict) -> None:
         small = {r["rank"]: r for r in f["ranks_multi30k"]["results"]}
         same = all(r["stores"] == ranks[0]["stores"] for r in ranks)
         for r in ranks:
-            print(f"rank {r['rank']}: USS {r['uss']:.0f} MB, RSS {r['rss']:.0f} MB (Multi30k: USS "
-                  f"{small[r['rank']]['uss']:.0f} MB): {r['uss'] - small[r['rank']]['uss']:.0f} MB unique for the "
-                  f"corpus")  # fmt: skip
+            base = small[r["rank"]]
+            print(f"rank {r['rank']}: heap (anonymous) {r['anon']:.0f} MB, Multi30k {base['anon']:.0f} MB: "
+                  f"{r['anon'] - base['anon']:.0f} MB of its own for the corpus; mapped files "
+                  f"{r['rss'] - r['anon']:.0f} MB (Multi30k {base['rss'] - base['anon']:.0f}; the page cache, shared); "
+                  f"USS {r['uss']:.0f} MB (Multi30k {base['uss']:.0f})")  # fmt: skip
         print(f"every rank mapped the same {len(ranks[0]['stores'])} cache files: {same}")
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sentencepiece as spm
 
 from tests.data.helpers import PAIRS, SHARED_DATA, write_text_corpus
 from tfx.config import DataConfig
-from tfx.data import EOS, DataError, collate, encoding, make_batches, prepare_data, stream
+from tfx.data import EOS, DataError, collate, encoding, make_batches, prepare_data, stream, word_cache
 from tfx.data.cache import DamagedEntry
 from tfx.data.corpus import SAMPLE_SEED, EncodedSplit, filter_train
 from tfx.data.sources import load_split, read_lines
@@ -226,3 +227,46 @@ def test_two_ranks_wait_for_one_preparer_and_map_its_files(tmp_path: Path) -> No
     for rank, got in enumerate(ranks):
         expected = make_batches(reference, 60, seed=3, epoch=1, rank=rank, world_size=2)
         assert got["plan"] == [list(map(int, b)) for b in expected]
+
+
+AWKWARD = [
+    "Ein Hund läuft.",
+    "  two  spaces   and\ta tab ",
+    "no\u00a0break space, ﬁne … ligatures and ellipses",
+    "\u0301combining first, e\u0301 composed later, ＦＵＬＬＷＩＤＴＨ",
+    "",
+    "中文没有空格。 日本語 ▁literal▁ ▁",
+    "control\x01char, zero\u200bwidth, emoji 🙂🙂",
+    "crlf line",
+    "x",
+]
+
+
+def word_model(tmp_path: Path, **settings) -> spm.SentencePieceProcessor:
+    import io
+
+    writer = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(AWKWARD * 20 + [de for de, _ in PAIRS] * 20),
+                                   model_writer=writer, vocab_size=120, model_type="bpe", hard_vocab_limit=False,
+                                   minloglevel=2, pad_id=0, unk_id=1, bos_id=2, eos_id=3, **settings)  # fmt: skip
+    return spm.SentencePieceProcessor(model_proto=writer.getvalue())
+
+
+def test_the_word_cache_gives_sentencepieces_ids_on_awkward_text(tmp_path: Path) -> None:
+    """NBSP, tabs, runs of spaces, NFKC ligatures and full-width letters, a combining mark after a space, CJK
+    without spaces, a literal ▁, control and zero-width characters, CRLF, no final newline: the same ids as
+    sentencepiece on each whole line."""
+    sp = word_model(tmp_path)
+    chunk = ("\n".join(AWKWARD[:7]) + "\ncrlf line\r\nx").encode()
+    tokens, lengths = word_cache.encode_by_word(sp, chunk)
+    expected = [[*ids, EOS] for ids in sp.encode([line.removesuffix("\r") for line in AWKWARD], out_type=int)]
+    assert [t.tolist() for t in np.split(tokens, np.cumsum(lengths)[:-1])] == expected
+
+
+def test_the_word_cache_declines_what_it_cannot_encode_exactly(tmp_path: Path, monkeypatch) -> None:
+    """A model without the dummy prefix (pieces of a line are not its words' pieces) fails the per-chunk check,
+    and bytes that are not UTF-8 go the plain path: None, so the caller encodes whole lines."""
+    plain = ("\n".join(de for de, _ in PAIRS) + "\n").encode()
+    assert word_cache.encode_by_word(word_model(tmp_path), plain) is not None
+    assert word_cache.encode_by_word(word_model(tmp_path, add_dummy_prefix=False), plain) is None
+    assert word_cache.encode_by_word(word_model(tmp_path), b"ok\nbad \xff\n") is None

@@ -9,6 +9,7 @@ workers would cost more than it saves. Either way a sentence's ids are ``Tokeniz
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -22,6 +23,7 @@ from tfx.data.cache import DamagedEntry
 from tfx.data.store import StoreWriter, TokenStore, token_dtype
 from tfx.data.stream import NotUtf8, TextSide, chunk_lines
 from tfx.data.vocab import EOS, Tokenizer, num_threads
+from tfx.data.word_cache import encode_by_word
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,15 @@ def _start_worker(model_bytes: bytes) -> None:
 
 
 def _encode_chunk(chunk: bytes | list[str], where: str, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A worker's chunk: through the word cache (``tfx.data.word_cache``), or whole lines where it declines."""
     assert _worker_processor is not None, "the pool's initializer loads the tokenizer"
+    by_word = None
+    with contextlib.suppress(UnicodeEncodeError):  # a hub slice as file bytes, unless a string is not UTF-8
+        if isinstance(chunk, bytes) or (chunk and not any("\n" in line for line in chunk)):
+            as_bytes = chunk if isinstance(chunk, bytes) else ("\n".join(chunk) + "\n").encode("utf-8")
+            by_word = encode_by_word(_worker_processor, as_bytes)
+    if by_word is not None:
+        return by_word[0].astype(dtype), by_word[1]
     ids = _worker_processor.encode(chunk_lines(chunk, where), out_type=int, num_threads=1)
     return flatten_with_eos(ids, dtype)
 

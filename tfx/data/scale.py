@@ -53,7 +53,11 @@ def write_joined_corpus(
 
 
 def memory_mb(pid: int | str = "self") -> dict[str, float]:
-    """``rss``, ``pss`` (shared pages split between their mappers) and ``uss`` (pages only this process maps)."""
+    """``rss``, ``pss`` (shared pages split between their mappers), ``uss`` (pages only this process maps) and
+    ``anon`` (anonymous pages: the heap, what the process holds of its own; RSS minus it is mapped files).
+
+    A memory-mapped corpus inflates RSS and even USS with page-cache pages (the kernel maps 64 KB around each
+    touched page): those are the file's, shared by every process that maps it and reclaimable; ``anon`` is not."""
     fields = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
         name, value, *_ = line.split()
@@ -62,6 +66,7 @@ def memory_mb(pid: int | str = "self") -> dict[str, float]:
         "rss": fields["Rss"],
         "pss": fields["Pss"],
         "uss": fields["Private_Clean"] + fields["Private_Dirty"],
+        "anon": fields["Anonymous"],
     }
 
 
