@@ -8,7 +8,6 @@ import torch
 from tests.conftest import random_batch, tiny_model
 from tfx.data import Batch
 from tfx.init import (
-    NEEDS_NORM,
     SCHEMES,
     apply_init,
     tfixup_decoder_scale,
@@ -26,7 +25,7 @@ def toy_batch(seed: int = 0) -> Batch:
 
 def scheme_norm(name: str) -> str:
     """A residual kind the scheme accepts (component_wise is meant for LayerNorm models)."""
-    return NEEDS_NORM.get(name, "post" if name == "component_wise" else "none")
+    return SCHEMES[name].needs_norm or ("post" if name == "component_wise" else "none")
 
 
 def xavier_std(w: torch.Tensor) -> float:
@@ -194,7 +193,7 @@ def test_default_seed_is_one(name: str) -> None:
     """``apply_init`` and every scheme default to seed 1 (the trainer's ``train.seed`` default)."""
     a, b, c = (tiny_model(scheme_norm(name)) for _ in range(3))
     apply_init(a, name, batch=toy_batch())
-    SCHEMES[name](b, batch=toy_batch())
+    SCHEMES[name].init(b, batch=toy_batch())
     apply_init(c, name, seed=1, batch=toy_batch())
     for (key, x), y, z in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values(), strict=True):
         assert torch.equal(x, z) and torch.equal(y, z), key
