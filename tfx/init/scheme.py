@@ -31,7 +31,11 @@ SCHEMES: dict[str, Scheme] = {}
 def register(scheme: Scheme) -> Scheme:
     """Add ``scheme`` to ``SCHEMES``; a second scheme under a taken name is refused (re-importing one is not)."""
     taken = SCHEMES.get(scheme.name)
-    if taken is not None and taken.init.__qualname__ != scheme.init.__qualname__:
+    if taken is not None and _where(taken.init) != _where(scheme.init):
         raise ValueError(f"init scheme {scheme.name!r} is registered twice ({taken.init.__module__})")
     SCHEMES[scheme.name] = scheme
     return scheme
+
+
+def _where(fn: InitFn) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"

@@ -45,7 +45,7 @@ def residual_kind(name: str) -> Callable[[R], R]:
 
     def register(cls: R) -> R:
         taken = RESIDUALS.get(name)
-        if taken is not None and taken.__qualname__ != cls.__qualname__:
+        if taken is not None and (taken.__module__, taken.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(f"residual kind {name!r} is registered twice ({taken.__module__}.{taken.__qualname__})")
         RESIDUALS[name] = cls
         return cls
