@@ -35,7 +35,7 @@ from typing import Any
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
 from tfx.metrics_log import FILENAME, read_metrics
-from tfx.studies.arms import ARMS
+from tfx.studies.arms import ARMS, DEFAULT_ARMS
 from tfx.studies.harness import (
     CHECKOUT,
     missing_files,
@@ -46,7 +46,6 @@ from tfx.studies.harness import (
     train_or_replot,
 )
 
-DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "admin", "xavier_noln"]
 TEST_LABELS = {"test": "test2016", "test_2017_flickr": "test2017 flickr", "test_2018_flickr": "test2018 flickr"}
 TEST_SETS = list(TEST_LABELS)  # file stems in --data-dir
 FINAL_WINDOW = 20  # updates averaged into the final train loss

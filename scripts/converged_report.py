@@ -35,7 +35,7 @@ from converged_runs import (
 
 from tfx.bleu import paired_bootstrap
 from tfx.data.sources import read_lines
-from tfx.studies.arms import ARMS
+from tfx.studies.arms import ARMS, DEFAULT_ARMS
 
 DASHES = ["--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]  # the not-chosen finalists in the figure
 
@@ -54,9 +54,11 @@ def mean_std(values: list[float], digits: int = 2) -> str:
 
 
 def in_arm_order(by_arm: dict[str, Any]) -> dict[str, Any]:
-    """``by_arm`` in ``ARMS``'s order, T-Fixup first: a study whose arms were added over several runs of the
-    script (Pre-LN's first, say) reports them, and tests them against T-Fixup, as one that had them all at once."""
-    return dict(sorted(by_arm.items(), key=lambda item: list(ARMS).index(item[0])))
+    """``by_arm`` in ``DEFAULT_ARMS``'s order (T-Fixup first), then any other arm in ``ARMS``'s: a study whose arms
+    were added over several runs of the script (Pre-LN's first, say) reports them, and tests them against T-Fixup,
+    as one that had them all at once."""
+    order = [*DEFAULT_ARMS, *(arm for arm in ARMS if arm not in DEFAULT_ARMS)]
+    return dict(sorted(by_arm.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)))
 
 
 def each_value(values: list[float], digits: int = 2) -> str:

@@ -13,10 +13,9 @@ from pathlib import Path
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
 from tfx.metrics_log import FILENAME, read_metrics
-from tfx.studies.arms import ARMS
+from tfx.studies.arms import ARMS, warmup_free
 
 Setting = tuple[float, float, int]  # (peak lr, dropout, warmup updates)
-WARMUP_FREE = {"tfixup", "xavier_noln", "postln_nowarmup"}  # methods whose recipe is no warmup at all
 TEST_SETS = {"test": "test2016", "test_2017_flickr": "test2017 flickr", "test_2018_flickr": "test2018 flickr"}
 KINDS = {"best": "checkpoints/checkpoint_best.pt", "avg": "average.pt"}  # what is decoded, per run folder
 WINDOW = 5  # numbered checkpoints averaged, at most (the window is chosen on valid)
@@ -27,10 +26,11 @@ def setting_name(lr: float, dropout: float, warmup: int) -> str:  # a grid run's
 
 
 def grid_settings(arm: str, args: argparse.Namespace) -> list[Setting]:
-    """An arm's grid: its ``--tuned`` setting alone, or lr x dropout x warmup (warmup 0 for a warmup-free method)."""
+    """An arm's grid: its ``--tuned`` setting alone, or lr x dropout x warmup (warmup 0 for a method whose YAML
+    says ``warmup_free: true``)."""
     if tuned := args.tuned.get(arm):
         return [tuple(tuned)]
-    warmups = [0] if ARMS[arm][0] in WARMUP_FREE else args.warmups
+    warmups = [0] if warmup_free(ARMS[arm][0]) else args.warmups
     return [(lr, d, w) for lr in args.lrs for d in args.dropouts for w in warmups]
 
 

@@ -81,11 +81,18 @@ from converged_runs import (
 )
 
 from tfx.metrics_log import FILENAME
-from tfx.studies.arms import ARMS, write_arm, write_arms
-from tfx.studies.harness import CHECKOUT, missing_files, open_study, run_recorded, train_command, train_or_replot
+from tfx.studies.arms import ARMS, DEFAULT_ARMS, add_conf_dirs, conf_dirs, write_arm, write_arms
+from tfx.studies.harness import (
+    CHECKOUT,
+    missing_files,
+    open_study,
+    run_recorded,
+    searchpath,
+    train_command,
+    train_or_replot,
+)
 from tfx.studies.queue import STOPPED, RunQueue
 
-DEFAULT_ARMS = ["tfixup", "postln", "postln_tfixup_lr", "preln", "deepnorm", "admin", "xavier_noln"]
 # Each arm's setting (peak lr, dropout, warmup updates) as its CPU study chose it, 3+3 De->En (docs/converged.md):
 # T-Fixup and Post-LN fp32 (2026-12-01/02), Pre-LN, Admin bf16 (2026-12-03), DeepNorm bf16 (2026-12-04: the best
 # finalist so far; its lr 5e-4 finalists had not converged). The GPU preset trains these.
@@ -279,7 +286,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("outputs/converged_study"))
     p.add_argument("--data-dir", type=Path, default=CHECKOUT.parent / "shared" / "data" / "multi30k")
-    p.add_argument("--arms", nargs="+", choices=list(ARMS), help=f"default: {' '.join(DEFAULT_ARMS)}")
+    p.add_argument("--arms", nargs="+", metavar="ARM",
+                   help=f"of {', '.join(ARMS)} and the methods of a hydra.searchpath=[file://DIR] override's "
+                        f"DIR/method/ (default: {' '.join(DEFAULT_ARMS)})")  # fmt: skip
     p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers (12: the deeper table)")
     p.add_argument("--direction", choices=["de-en", "en-de"], default="de-en")
     p.add_argument("--seeds", type=int, nargs="+", help="default: 1 (the gpu preset: 1 2 3)")
@@ -302,6 +311,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="train nothing: print the plan, composing each arm's config (checks a preset)")  # fmt: skip
     p.add_argument("overrides", nargs="*", help="KEY=VALUE overrides for every run (before the options)")
     args = p.parse_args(argv)
+    add_conf_dirs(conf_dirs(args.overrides))  # methods from outside tfx (docs/layout.md) are arms too
+    if unknown := [arm for arm in [*(args.arms or []), *(arm for arm, _ in args.tuned)] if arm not in ARMS]:
+        p.error(f"unknown arm {', '.join(unknown)} (one of {', '.join(ARMS)})")
     args.tuned = dict(args.tuned)
     if args.preset == "gpu":
         # One GPU window holds no grid (16 settings x 3 epochs per arm), so each arm trains the setting its CPU
@@ -327,8 +339,6 @@ def tuned_setting(text: str) -> tuple[str, Setting]:
     try:
         arm, values = text.split("=")
         lr, dropout, warmup = values.split(",")
-        if arm not in ARMS:
-            raise ValueError(f"unknown arm {arm!r} (one of {', '.join(ARMS)})")
         return arm, (float(lr), float(dropout), int(warmup))
     except ValueError as err:
         message = f"{text!r}: want ARM=LR,DROPOUT,WARMUP, e.g. tfixup=5e-4,0.3,0 ({err})"
@@ -428,13 +438,14 @@ def dry_run(args: argparse.Namespace) -> int:
     from tfx.config import compose_config
 
     with tempfile.TemporaryDirectory() as folder:
-        search, total = f"hydra.searchpath=[file://{folder}]", 0
+        search, overrides = searchpath(Path(folder), converged_overrides(args))
+        total = 0
         for arm in args.arms:
             grid = grid_settings(arm, args)
             write_arm(Path(folder) / "tuned" / "plan.yaml", arm, setting_overrides(grid[0]))
             finalists, seeds = len(lr_dropouts(arm, args)), len(args.seeds) - (1 in args.seeds)
             try:
-                cfg = compose_config([search, *converged_overrides(args), "+tuned=plan"])
+                cfg = compose_config([search, *overrides, "+tuned=plan"])
             except (HydraException, OmegaConfBaseException, ValueError) as err:
                 print(f"arm {arm}: {type(err).__name__}: {str(err).splitlines()[0]}", file=sys.stderr)
                 return 2

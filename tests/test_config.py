@@ -129,6 +129,7 @@ def test_multi30k_tiny_methods_change_only_norm_init_and_warmup() -> None:
     same = dataclasses.replace(
         tfixup,
         method=post.method,
+        warmup_free=post.warmup_free,  # the method's label for the studies: a study tunes no warmup for T-Fixup
         init=post.init,
         model=dataclasses.replace(tfixup.model, norm=post.model.norm),
         optim=dataclasses.replace(tfixup.optim, warmup_updates=post.optim.warmup_updates),

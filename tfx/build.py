@@ -20,7 +20,7 @@ from tfx.config import Config, TrainConfig
 from tfx.data import PAD, Batch, Corpus, collate, prepare_data
 from tfx.diagnostics import OutputChange
 from tfx.distributed import DistInfo
-from tfx.init import NEEDS_BATCH, apply_init
+from tfx.init import SCHEMES, apply_init
 from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer
 from tfx.precision import Precision
@@ -66,7 +66,7 @@ def initialized_model(cfg: Config, vocab_size: int, fresh: bool, first_batch: Ca
     """
     model = build_model(cfg.model, vocab_size, PAD)
     if fresh:
-        batch = first_batch() if cfg.init.name in NEEDS_BATCH else None
+        batch = first_batch() if SCHEMES[cfg.init.name].needs_batch else None
         apply_init(model, cfg.init.name, seed=cfg.train.seed, batch=batch)
     return model
 

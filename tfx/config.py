@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,8 +136,7 @@ class ModelConfig:
     d_model: int = 512  # embedding / residual width
     ffn_dim: int = 1024  # FFN hidden width
     heads: int = 4  # attention heads (d_model % heads == 0)
-    # residual kind (tfx/model/residual.py): none | post | pre | deepnorm | admin | dyt | rezero | fixup
-    norm: str = "none"
+    norm: str = "none"  # residual kind: a key of tfx.model.residual.RESIDUALS (set by conf/method/)
     dropout: float = 0.3  # dropout on embeddings, residual branches
     attention_dropout: float = 0.1  # dropout on attention probabilities
     activation_dropout: float = 0.1  # dropout after the FFN ReLU
@@ -147,6 +147,9 @@ class ModelConfig:
     # norm=dyt: alpha of every DyT(x) = weight * tanh(alpha * x) + bias at init (the reference's 0.5 for
     # non-LLM models; its issues #6 and #18: alpha init and lr matter); other kinds ignore it
     dyt_alpha: float = 0.5
+    # norm=rezero: one resweight per layer, shared by its sublayers, as majumderb/rezero's rztx.py layers hold it;
+    # false: one per sublayer. Other kinds ignore it
+    rezero_shared: bool = True
 
     def __post_init__(self) -> None:
         _require(self.encoder_layers >= 1 and self.decoder_layers >= 1, "model.*_layers must be >= 1")
@@ -166,7 +169,7 @@ class ModelConfig:
 class InitConfig:
     """Which initialization scheme to apply after building the model."""
 
-    name: str = "tfixup"  # tfx/init/: xavier | tfixup | component_wise | deepnorm | admin | fixup
+    name: str = "tfixup"  # a scheme of tfx/init/ (a key of tfx.init.SCHEMES), set by conf/init/
 
     def __post_init__(self) -> None:
         _require(self.name in SCHEMES, f"init.name={self.name!r}: use one of {tuple(SCHEMES)}")
@@ -276,6 +279,13 @@ class Config:
 
     experiment: str = "default"  # name shown in TensorBoard hparams and run folders
     method: str = "custom"  # the conf/method/ group that set norm, init and warmup; a label (TensorBoard HParams)
+    # the method is defined by training without warmup (T-Fixup and its no-LayerNorm and Post-LN ablations): a
+    # study tunes no warmup for it (tfx.studies.arms.warmup_free). A label set by conf/method/, as ``method`` is;
+    # a method that merely starts at warmup 0 (Pre-LN, ReZero) leaves it false and lets a study's grid decide
+    warmup_free: bool = False
+    # modules imported before the config is checked: where an init scheme or residual kind from outside tfx
+    # registers itself (docs/layout.md, "Adding a method"); its method's YAML names them
+    plugins: list[str] = field(default_factory=list)
     # method -> {lr, dropout, warmup}: the setting a study chose on valid for this experiment; the experiment's
     # optim.lr, model.dropout and optim.budget_warmup read their row by ``${method}`` (conf/experiment/multi30k.yaml)
     tuned: dict[str, TunedSetting] = field(default_factory=dict)
@@ -355,16 +365,32 @@ def _conf_dir() -> Path:
 CONF_DIR = _conf_dir()  # what ``tfx.train`` reads
 
 
+def import_plugins(modules: Any) -> None:
+    """Import the config's ``plugins`` (a list of module names), so the schemes and residual kinds they register
+    exist before ``init.name`` and ``model.norm`` are checked."""
+    for module in modules or []:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(f"plugins: cannot import {module!r} ({err}); is its folder on PYTHONPATH?") from None
+
+
+def to_config(node: Any) -> Config:
+    """The typed, checked ``Config`` of a composed node: unknown keys refused, its plugins imported first."""
+    from omegaconf import OmegaConf
+
+    check_known_keys(node)
+    import_plugins(node.get("plugins"))
+    return OmegaConf.to_object(node)
+
+
 def compose_config(overrides: list[str]) -> Config:
     """The typed config ``python -m tfx.train OVERRIDES`` would run with, outside the Hydra app (scripts, tests)."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        node = compose("config", overrides=overrides)
-        check_known_keys(node)
-        return OmegaConf.to_object(node)
+        return to_config(compose("config", overrides=overrides))
 
 
 def register_configs() -> None:

@@ -26,7 +26,7 @@ from torch import nn
 
 from tfx import build, compilation, distributed, sharding
 from tfx.checkpoint import CheckpointError
-from tfx.config import CONF_DIR, Config, check_known_keys, register_configs, unknown_key
+from tfx.config import CONF_DIR, Config, register_configs, to_config, unknown_key
 from tfx.data import Batch, DataError
 from tfx.data.plan import TrainBatches
 from tfx.distributed import DeviceError
@@ -374,11 +374,8 @@ def _run_context() -> tuple[Path, bool]:
 
 
 def _main(cfg_node: Any) -> float:
-    from omegaconf import OmegaConf
-
     try:
-        check_known_keys(cfg_node)
-        cfg: Config = OmegaConf.to_object(cfg_node)
+        cfg: Config = to_config(cfg_node)
     except ValueError as e:
         log.error("config error: %s", e)
         sys.exit(2)

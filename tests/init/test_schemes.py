@@ -8,9 +8,10 @@ import torch
 from tests.conftest import random_batch, tiny_model
 from tfx.data import Batch
 from tfx.init import (
-    NEEDS_NORM,
     SCHEMES,
+    Scheme,
     apply_init,
+    register,
     tfixup_decoder_scale,
     tfixup_embedding_scale,
     tfixup_encoder_scale,
@@ -26,7 +27,7 @@ def toy_batch(seed: int = 0) -> Batch:
 
 def scheme_norm(name: str) -> str:
     """A residual kind the scheme accepts (component_wise is meant for LayerNorm models)."""
-    return NEEDS_NORM.get(name, "post" if name == "component_wise" else "none")
+    return SCHEMES[name].needs_norm or ("post" if name == "component_wise" else "none")
 
 
 def xavier_std(w: torch.Tensor) -> float:
@@ -194,7 +195,19 @@ def test_default_seed_is_one(name: str) -> None:
     """``apply_init`` and every scheme default to seed 1 (the trainer's ``train.seed`` default)."""
     a, b, c = (tiny_model(scheme_norm(name)) for _ in range(3))
     apply_init(a, name, batch=toy_batch())
-    SCHEMES[name](b, batch=toy_batch())
+    SCHEMES[name].init(b, batch=toy_batch())
     apply_init(c, name, seed=1, batch=toy_batch())
     for (key, x), y, z in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values(), strict=True):
         assert torch.equal(x, z) and torch.equal(y, z), key
+
+
+def test_a_scheme_is_one_record_in_its_own_file_and_a_name_is_taken_once() -> None:
+    """Each scheme file registers its ``Scheme``; what the trainer and the config check read comes from it."""
+    assert {"xavier", "tfixup", "component_wise", "deepnorm", "admin", "fixup"} <= set(SCHEMES)
+    assert all(scheme.init.__module__ == f"tfx.init.{name}" for name, scheme in SCHEMES.items())
+    assert (SCHEMES["tfixup"].needs_norm, SCHEMES["admin"].needs_batch, SCHEMES["xavier"].needs_norm) == (
+        "none", True, None,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="registered twice"):
+        register(Scheme("xavier", SCHEMES["tfixup"].init))
+    assert SCHEMES["xavier"].init.__name__ == "init_xavier"

@@ -12,7 +12,7 @@ import torch
 import tfx.model.transformer as transformer_mod
 from tests.conftest import PAD, VOCAB, random_batch, tiny_model
 from tfx.config import ModelConfig
-from tfx.model import MultiheadAttention, Transformer, build_model
+from tfx.model import RESIDUALS, MultiheadAttention, Transformer, build_model
 from tfx.model.attention import KVCache
 from tfx.model.residual import residual_class
 
@@ -55,10 +55,17 @@ def test_refusals_name_the_setting() -> None:
 
 
 def test_transformer_defaults_are_the_config_defaults() -> None:
-    """Two places state the base model's shape; they must agree."""
+    """Two places state the base model's shape; they must agree. A residual kind's own option (``dyt_alpha``)
+    is a parameter of the kinds that declare it, not of ``Transformer``."""
     params = inspect.signature(Transformer.__init__).parameters
     for field in dataclasses.fields(ModelConfig):
-        assert params[field.name].default == field.default, field.name
+        if field.name in params:
+            assert params[field.name].default == field.default, field.name
+            continue
+        kinds = [cls for cls in RESIDUALS.values() if field.name in cls.options]
+        assert kinds, f"{field.name}: neither a Transformer argument nor a residual kind's option"
+        for cls in kinds:
+            assert inspect.signature(cls.__init__).parameters[field.name].default == field.default, field.name
 
 
 def test_build_model_takes_a_config_or_its_dict() -> None:

@@ -93,7 +93,7 @@ def test_the_factory_builds_the_registered_class_with_its_depths() -> None:
         ReZero,
         Fixup,
     ]
-    assert set(RESIDUALS) == set(kinds)
+    assert set(kinds) <= set(RESIDUALS)  # the kinds of tfx/model/residual.py; a plugin's may join them
     block = make_residual("deepnorm", D, 0.25, "encoder", 6, 12)
     assert block.alpha == pytest.approx(0.81 * (6**4 * 12) ** (1 / 16)) and block.dropout.p == 0.25
     assert make_residual("deepnorm", D, 0.0, "decoder", 6, 12).alpha == pytest.approx(36 ** (1 / 4))
@@ -231,6 +231,20 @@ def test_rezero_sublayers_of_a_layer_share_one_resweight() -> None:
     state = model.state_dict()  # both names saved; loading writes the one tensor twice, the same value
     model.load_state_dict(state)
     assert enc0.self_attn_block.resweight.item() == 0.5
+
+
+def test_rezero_sharing_is_one_model_option() -> None:
+    """``model.rezero_shared`` (default true, as above) is ReZero's one setting: false gives each sublayer its own
+    resweight; the other kinds refuse no model for it, and an option no kind declares is refused."""
+    assert ModelConfig().rezero_shared
+    model = Transformer(VOCAB, PAD, 2, 2, d_model=8, ffn_dim=8, heads=2, norm="rezero", rezero_shared=False)
+    enc0, dec0 = model.encoder.layers[0], model.decoder.layers[0]
+    assert enc0.self_attn_block.resweight is not enc0.ffn_block.resweight
+    assert dec0.self_attn_block.resweight is not dec0.encoder_attn_block.resweight
+    assert len([n for n, _ in model.named_parameters() if n.endswith("resweight")]) == 10
+    Transformer(VOCAB, PAD, 1, 1, d_model=8, ffn_dim=8, heads=2, norm="post", rezero_shared=False)
+    with pytest.raises(TypeError, match="unknown residual options"):
+        Transformer(VOCAB, PAD, 1, 1, d_model=8, ffn_dim=8, heads=2, norm="dyt", dyt_alhpa=0.3)
 
 
 def test_fixup_is_skip_plus_scaled_branch_of_shifted_input() -> None:

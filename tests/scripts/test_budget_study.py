@@ -30,6 +30,9 @@ EXPECTED = {
     "deepnorm": ("deepnorm", "deepnorm", 100, False),
     "admin": ("admin", "admin", 100, False),
     "xavier_noln": ("none", "xavier", 0, False),
+    "dyt": ("dyt", "xavier", 100, False),
+    "rezero": ("rezero", "xavier", 0, False),
+    "fixup": ("fixup", "fixup", 100, False),
 }
 
 

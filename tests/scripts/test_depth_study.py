@@ -48,10 +48,10 @@ EXPECTED = {
 
 def test_every_arm_composes_to_its_method_on_the_shared_budget(ds: ModuleType, tmp_path: Path) -> None:
     """The arm files the multirun sweeps (+arm=NAME on Hydra's search path) are the runs the table names."""
-    assert set(ds.ARMS) == set(EXPECTED)
-    assert ds.parse_args([]).methods == [arm for arm in EXPECTED if arm not in ("postln_tfixup_lr", "tfixup_32k")]
+    assert set(EXPECTED) <= set(ds.ARMS)  # every method is an arm (tfx.studies.arms), these at least
+    assert set(EXPECTED) - {"postln_tfixup_lr", "tfixup_32k"} <= set(ds.parse_args([]).methods)
     args = ds.parse_args(["--out", str(tmp_path)])
-    write_arms(tmp_path / "arms", list(ds.ARMS))
+    write_arms(tmp_path / "arms", list(EXPECTED))
     for arm, (norm, init, optim, warmup) in EXPECTED.items():
         search = f"hydra.searchpath=[file://{tmp_path / 'arms'}]"
         cfg = compose_config([search, f"+arm={arm}", "model.encoder_layers=24", *ds.run_overrides(args)])

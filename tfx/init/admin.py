@@ -23,6 +23,7 @@ import math
 import torch
 from torch import Tensor
 
+from tfx.init.scheme import Scheme, register
 from tfx.init.xavier import ModelInputs, init_xavier
 from tfx.model import Transformer
 from tfx.model.residual import Admin
@@ -65,6 +66,9 @@ def init_admin(model: Transformer, seed: int = 1, batch: ModelInputs | None = No
         raise ValueError("init.name=admin sets omega from a forward pass over a training batch: pass batch=")
     init_xavier(model, seed)
     profile_omega(model, batch)
+
+
+SCHEME = register(Scheme("admin", init_admin, needs_norm="admin", needs_batch=True))
 
 
 __all__ = ["init_admin", "profile_omega"]

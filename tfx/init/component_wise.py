@@ -14,6 +14,7 @@ import math
 import torch
 from torch import nn
 
+from tfx.init.scheme import Scheme, register
 from tfx.init.xavier import ModelInputs, init_xavier
 from tfx.model import FeedForward, MultiheadAttention, Transformer
 
@@ -46,3 +47,6 @@ def init_component_wise(model: Transformer, seed: int = 1, batch: ModelInputs | 
     head = model.decoder.output_projection
     if head is not None:
         nn.init.xavier_uniform_(head.weight, gain=0.5)  # half the Xavier bound
+
+
+SCHEME = register(Scheme("component_wise", init_component_wise))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tfx.init.scheme import Scheme, register
 from tfx.init.xavier import ModelInputs, init_xavier, scale_, value_path_weights
 from tfx.model import Transformer
 
@@ -44,3 +45,6 @@ def init_deepnorm(model: Transformer, seed: int = 1, batch: ModelInputs | None =
         scale_(value_path_weights(layer), deepnorm_beta("encoder", n_enc, n_dec))
     for layer in model.decoder.layers:
         scale_(value_path_weights(layer), deepnorm_beta("decoder", n_enc, n_dec))
+
+
+SCHEME = register(Scheme("deepnorm", init_deepnorm, needs_norm="deepnorm"))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from tfx.init.scheme import Scheme, register
 from tfx.init.xavier import ModelInputs, init_xavier, scale_
 from tfx.model import DecoderLayer, EncoderLayer, MultiheadAttention, Transformer
 from tfx.model.residual import Fixup
@@ -83,6 +84,9 @@ def init_fixup(model: Transformer, seed: int = 1, batch: ModelInputs | None = No
         _scale_layer(layer, n_branches)
     if model.decoder.output_projection is not None:  # tied, the table is the input embedding: left as it is
         scale_([model.decoder.output_projection.weight], 0.0)
+
+
+SCHEME = register(Scheme("fixup", init_fixup, needs_norm="fixup"))
 
 
 __all__ = [

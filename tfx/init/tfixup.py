@@ -23,6 +23,7 @@ says). q/k only set the initial attention temperature and do not enter T-Fixup's
 
 from __future__ import annotations
 
+from tfx.init.scheme import Scheme, register
 from tfx.init.xavier import ModelInputs, init_xavier, scale_, value_path_weights
 from tfx.model import Transformer, has_layer_norm
 
@@ -57,3 +58,6 @@ def init_tfixup(model: Transformer, seed: int = 1, batch: ModelInputs | None = N
     scale_([enc_embed.weight], tfixup_embedding_scale(n_enc))
     if dec_embed is not enc_embed:
         scale_([dec_embed.weight], tfixup_embedding_scale(n_dec))
+
+
+SCHEME = register(Scheme("tfixup", init_tfixup, needs_norm="none"))

@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from tfx.init.scheme import Scheme, register
 from tfx.model import DecoderLayer, EncoderLayer, Transformer
 
 
@@ -67,3 +68,6 @@ def init_xavier(model: Transformer, seed: int = 1, batch: ModelInputs | None = N
             nn.init.zeros_(module.bias)
     for embed in token_embeddings(model):
         init_embedding(embed)
+
+
+SCHEME = register(Scheme("xavier", init_xavier))

@@ -15,15 +15,17 @@ Every kind wraps a sublayer ``f`` (attention or FFN) with dropout on its output:
 - ``fixup``: x + scale * f(x - shift), no LayerNorm, a learnable scalar bias and multiplier per
   sublayer (Zhang et al. 2019, as its authors' fairseq code applies it to the Transformer).
 
-``make_residual`` builds one per sublayer; ``RESIDUALS`` is the one list of kinds (``model.norm``).
-A kind's stack-final module is ``final_module`` (a LayerNorm for Pre-LN); a kind whose sublayers share
-state within one layer (ReZero) ties it in ``share_within_layer``.
+``make_residual`` builds one per sublayer. A kind is registered by ``@residual_kind(NAME)`` on its own class,
+which adds it to ``RESIDUALS`` (what ``model.norm`` may be); a kind outside tfx registers the same way from a
+module named in the config's ``plugins``. A kind's stack-final module is ``final_module`` (a LayerNorm for
+Pre-LN); a kind whose sublayers share state within one layer (ReZero) ties it in ``share_within_layer``; the
+model options a kind reads (``dyt_alpha``) are named in its ``options``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -32,8 +34,26 @@ from tfx.model.dropout import Dropout
 
 Branch = Callable[[Tensor], Tensor]
 Side = Literal["encoder", "decoder"]
+R = TypeVar("R", bound="type[Residual]")
+
+# The one registry of residual kinds, filled by ``residual_kind``: tfx.config validates ``model.norm`` against it.
+RESIDUALS: dict[str, type[Residual]] = {}
 
 
+def residual_kind(name: str) -> Callable[[R], R]:
+    """Register the decorated class as ``model.norm=name``: a residual kind is this one line on its class."""
+
+    def register(cls: R) -> R:
+        taken = RESIDUALS.get(name)
+        if taken is not None and (taken.__module__, taken.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"residual kind {name!r} is registered twice ({taken.__module__}.{taken.__qualname__})")
+        RESIDUALS[name] = cls
+        return cls
+
+    return register
+
+
+@residual_kind("none")
 class Residual(nn.Module):
     """x + dropout(f(x)) with no LayerNorm; the base of every kind."""
 
@@ -57,6 +77,7 @@ class Residual(nn.Module):
         """Tie state that the sublayers of one layer share (ReZero's resweight); most kinds share none."""
 
 
+@residual_kind("post")
 class PostLN(Residual):
     """LN(x + dropout(f(x)))."""
 
@@ -68,6 +89,7 @@ class PostLN(Residual):
         return self.norm(x + self.dropout(branch(x)))
 
 
+@residual_kind("pre")
 class PreLN(PostLN):
     """x + dropout(f(LN(x))); the stack's final LayerNorm normalizes what the last block leaves."""
 
@@ -87,6 +109,7 @@ def deepnorm_alpha(side: Side, n_enc: int, n_dec: int) -> float:
     return (3 * n_dec) ** 0.25
 
 
+@residual_kind("deepnorm")
 class DeepNorm(PostLN):
     """LN(alpha * x + dropout(f(x))): Post-LN with the skip path up-weighted by a depth constant."""
 
@@ -98,6 +121,7 @@ class DeepNorm(PostLN):
         return self.norm(self.alpha * x + self.dropout(branch(x)))
 
 
+@residual_kind("admin")
 class Admin(PostLN):
     """LN(omega * x + dropout(f(x))), omega trainable (Transformer-Clinic's ``*_ratio_change``).
 
@@ -129,6 +153,7 @@ class DynamicTanh(nn.Module):
         return self.weight * torch.tanh(self.alpha * x) + self.bias
 
 
+@residual_kind("dyt")
 class DyT(Residual):
     """x + dropout(f(DyT(x))): Pre-LN with DyT where each LayerNorm was, the stack-final one too, as the
     reference's ``convert_ln_to_dyt`` turns a Pre-LN model into its DyT model."""
@@ -149,16 +174,23 @@ class DyT(Residual):
         return DynamicTanh(d_model, dyt_alpha)
 
 
+@residual_kind("rezero")
 class ReZero(Residual):
     """x + resweight * dropout(f(x)), no LayerNorm (majumderb/rezero, ``rezero/transformer/rztx.py``).
 
     resweight starts at 0, so every layer is the identity map at init and the stack's output is its
     input. The reference keeps one resweight per layer (``RZTXEncoderLayer.resweight``) that all its
-    sublayers multiply by: ``share_within_layer`` makes this layer's blocks hold that one Parameter.
+    sublayers multiply by: with ``rezero_shared`` (``model.rezero_shared``, the default),
+    ``share_within_layer`` makes this layer's blocks hold that one Parameter; without, each sublayer keeps its own.
     """
 
-    def __init__(self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int) -> None:
+    options = ("rezero_shared",)
+
+    def __init__(
+        self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int, rezero_shared: bool = True
+    ) -> None:
         super().__init__(d_model, dropout, side, n_enc, n_dec)
+        self.shared = rezero_shared  # a setting of the architecture, not state
         self.resweight = nn.Parameter(torch.zeros(1))
 
     def forward(self, x: Tensor, branch: Branch) -> Tensor:
@@ -166,11 +198,14 @@ class ReZero(Residual):
 
     @classmethod
     def share_within_layer(cls, blocks: Sequence[Residual]) -> None:
+        if not blocks[0].shared:
+            return
         shared = blocks[0].resweight
         for block in blocks[1:]:
             block.resweight = shared  # the same Parameter: one scalar, one gradient, one optimizer state
 
 
+@residual_kind("fixup")
 class Fixup(Residual):
     """x + scale * dropout(f(x - shift)), no LayerNorm (hongyi-zhang/Fixup, ``fairseq/fairseq/models/
     transformer_zero.py``): Fixup's scalar bias before each branch and scalar multiplier after it
@@ -204,19 +239,6 @@ class FixupOutput(nn.Module):
         return x if self.scale is None else x * self.scale
 
 
-# The one registry of residual kinds: tfx.config validates ``model.norm`` against its keys.
-RESIDUALS: dict[str, type[Residual]] = {
-    "none": Residual,
-    "post": PostLN,
-    "pre": PreLN,
-    "deepnorm": DeepNorm,
-    "admin": Admin,
-    "dyt": DyT,
-    "rezero": ReZero,
-    "fixup": Fixup,
-}
-
-
 def residual_class(kind: str) -> type[Residual]:
     if kind not in RESIDUALS:
         raise ValueError(f"model.norm={kind!r}: use one of {sorted(RESIDUALS)}")
@@ -244,6 +266,11 @@ def final_norm(kind: str, d_model: int, side: Side = "encoder", **options: Any) 
     return cls.final_module(d_model, side, **_own_options(cls, options))
 
 
+def residual_options() -> set[str]:
+    """Every model option some registered kind reads: what ``Transformer`` accepts besides its own arguments."""
+    return {option for cls in RESIDUALS.values() for option in cls.options}
+
+
 def has_layer_norm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.LayerNorm) for m in model.modules())
 
@@ -264,4 +291,7 @@ __all__ = [
     "final_norm",
     "has_layer_norm",
     "make_residual",
+    "residual_class",
+    "residual_kind",
+    "residual_options",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +21,7 @@ from tfx.model.attention import KVCache, key_mask
 from tfx.model.dropout import Dropout
 from tfx.model.layers import DecoderLayer, EncoderLayer
 from tfx.model.packing import Packing, segment_mask
-from tfx.model.residual import final_norm, make_residual
+from tfx.model.residual import final_norm, make_residual, residual_options
 
 
 def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
@@ -167,8 +168,9 @@ class Transformer(nn.Module):
 
     ``norm`` is the residual kind (``tfx.model.residual.RESIDUALS``): ``none`` (T-Fixup; no
     LayerNorm module exists), ``post``, ``pre`` (adds a final LayerNorm to each stack),
-    ``deepnorm``, ``admin``, ``dyt`` (Pre-LN with DyT for every LayerNorm; ``dyt_alpha`` is its
-    alpha at init), ``rezero`` or ``fixup``.
+    ``deepnorm``, ``admin``, ``dyt`` (Pre-LN with DyT for every LayerNorm), ``rezero`` or ``fixup``.
+    ``options`` are the kinds' own settings (``dyt_alpha``, ``rezero_shared``: ``ModelConfig``), each
+    passed to the kind that declares it.
     """
 
     def __init__(
@@ -188,9 +190,11 @@ class Transformer(nn.Module):
         share_all_embeddings: bool = False,
         max_positions: int = 1024,
         checkpoint_activations: bool = False,
-        dyt_alpha: float = 0.5,
+        **options: Any,
     ) -> None:
         super().__init__()
+        if unknown := sorted(set(options) - residual_options()):
+            raise TypeError(f"Transformer: unknown residual options {unknown} (known: {sorted(residual_options())})")
         self.norm = norm
         self.pad_id = pad_id
         self.vocab_size = vocab_size
@@ -203,7 +207,6 @@ class Transformer(nn.Module):
         )
         # DeepNorm's skip weight depends on the side and both depths: the factory knows them, and the
         # per-kind options (DyT's alpha init), which reach only the kind that declares them.
-        options = {"dyt_alpha": dyt_alpha}
         residual = functools.partial(
             make_residual, norm, d_model, dropout, n_enc=encoder_layers, n_dec=decoder_layers, **options
         )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tfx.config import CONF_DIR
-from tfx.studies.arms import write_arms
+from tfx.studies.arms import searchpath_entries, write_arms
 
 CHECKOUT = CONF_DIR.parent  # the folder holding conf/ and tfx/: runs start there, as from a checkout
 
@@ -29,10 +29,10 @@ def multirun(out: Path, arms: list[str], jobs: int, subdir: str, overrides: list
     """One ``tfx.train`` multirun (joblib, ``jobs`` runs at once) with the ``arms`` configs on Hydra's search path,
     each run in ``out/runs/<subdir>``; ``overrides`` (in their order) sweep the arms and whatever else."""
     write_arms(out / "arms", arms)
+    search, overrides = searchpath(out / "arms", overrides)
     cmd = [
         sys.executable, "-m", "tfx.train", "-m", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}",
-        f"hydra.searchpath=[file://{out / 'arms'}]", f"hydra.sweep.dir={out / 'runs'}",
-        f"hydra.sweep.subdir={subdir}", *overrides,
+        search, f"hydra.sweep.dir={out / 'runs'}", f"hydra.sweep.subdir={subdir}", *overrides,
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=CHECKOUT).returncode
 
@@ -40,8 +40,17 @@ def multirun(out: Path, arms: list[str], jobs: int, subdir: str, overrides: list
 def train_command(out: Path, run: Path, overrides: list[str]) -> list[str]:
     """One ``tfx.train`` run in the folder ``run``, with the configs that ``write_arms`` wrote to ``out/arms`` (the
     arms, a study's tuned settings) on Hydra's search path."""
-    return [sys.executable, "-m", "tfx.train", f"hydra.run.dir={run}", f"hydra.searchpath=[file://{out / 'arms'}]",
-            *overrides]  # fmt: skip
+    search, overrides = searchpath(out / "arms", overrides)
+    return [sys.executable, "-m", "tfx.train", f"hydra.run.dir={run}", search, *overrides]
+
+
+def searchpath(folder: Path, overrides: list[str]) -> tuple[str, list[str]]:
+    """(one ``hydra.searchpath`` override: ``folder``, a study's arms, then the folders of the user's own
+    ``hydra.searchpath=[...]`` among ``overrides``, where methods from outside tfx live; the other overrides).
+    One override, as Hydra keeps only the last."""
+    entries = [f"file://{folder}", *searchpath_entries(overrides)]
+    rest = [o for o in overrides if o.split("=", 1)[0] != "hydra.searchpath"]
+    return f"hydra.searchpath=[{','.join(entries)}]", rest
 
 
 def open_study(path: Path, fresh: dict[str, Any], arms: list[str]) -> dict[str, Any] | None:

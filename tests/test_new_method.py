@@ -1,0 +1,104 @@
+"""A method is one registration: a throwaway method, written only to a temporary folder (a plugin module with
+its init scheme and residual kind, a config folder with its method and init YAMLs), composes, builds,
+initializes and goes through the converged study's plan without a line of tfx, conf/ or scripts/ edited
+(docs/layout.md, "Adding a method")."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from tests.conftest import load_script, random_batch, tiny_model
+from tfx.config import compose_config
+from tfx.init import SCHEMES, apply_init
+from tfx.model import build_model
+from tfx.model.residual import RESIDUALS
+from tfx.studies import arms
+
+PLUGIN = '''"""A throwaway method: x + 0.5 * f(x), no LayerNorm; Xavier, then every output projection zeroed."""
+
+from torch import nn
+
+from tfx.init import Scheme, init_xavier, register
+from tfx.model.residual import Residual, residual_kind
+
+
+@residual_kind("half")
+class Half(Residual):
+    def forward(self, x, branch):
+        return x + 0.5 * self.dropout(branch(x))
+
+
+def init_throwaway(model, seed=1, batch=None):
+    init_xavier(model, seed)
+    for layer in [*model.encoder.layers, *model.decoder.layers]:
+        nn.init.zeros_(layer.self_attn.out_proj.weight)
+
+
+SCHEME = register(Scheme("throwaway", init_throwaway, needs_norm="half"))
+'''
+
+METHOD = """# @package _global_
+# a throwaway method, trained without warmup by definition
+defaults:
+  - override /init: throwaway
+model:
+  norm: half
+optim:
+  warmup_updates: 0
+warmup_free: true
+plugins: [throwaway_method]
+method: throwaway
+"""
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The method's files in ``tmp_path`` (``throwaway_method.py`` importable, ``conf/``); the registries and
+    the study's arms as they were, afterwards."""
+    (tmp_path / "throwaway_method.py").write_text(PLUGIN)
+    for group, text in {"method": METHOD, "init": "name: throwaway\n"}.items():
+        (tmp_path / "conf" / group).mkdir(parents=True)
+        (tmp_path / "conf" / group / "throwaway.yaml").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registries = (SCHEMES, RESIDUALS, arms.ARMS, arms.METHODS)
+    saved = [dict(registry) for registry in registries]
+    yield tmp_path / "conf"
+    for registry, items in zip(registries, saved, strict=True):
+        registry.clear()
+        registry.update(items)
+    arms.warmup_free.cache_clear()
+    sys.modules.pop("throwaway_method", None)
+
+
+def test_a_plugin_method_composes_builds_and_initializes(plugin: Path) -> None:
+    cfg = compose_config([f"hydra.searchpath=[file://{plugin}]", "method=throwaway"])
+    assert (cfg.method, cfg.model.norm, cfg.init.name, cfg.warmup_free) == ("throwaway", "half", "throwaway", True)
+    model = build_model(cfg.model, 50, 0)
+    apply_init(model, cfg.init.name, seed=cfg.train.seed)
+    assert all(not layer.self_attn.out_proj.weight.any() for layer in model.encoder.layers)
+    with pytest.raises(ValueError, match="needs model.norm=half"):
+        apply_init(tiny_model("none"), "throwaway")
+    src, tgt = random_batch()
+    assert torch.isfinite(model(src % 50, tgt % 50)).all()
+
+
+def test_a_plugin_method_is_an_arm_of_the_converged_study(plugin: Path, capsys: pytest.CaptureFixture) -> None:
+    """Its YAML's warmup_free keeps its grid at warmup 0 (2 lrs x 2 dropouts), as T-Fixup's."""
+    cs: ModuleType = load_script("converged_study")
+    argv = [f"hydra.searchpath=[file://{plugin}]", "--out", str(plugin / "study"), "--dry-run", "--arms", "throwaway",
+            "postln"]  # fmt: skip
+    assert cs.main(argv) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert plan[0].startswith("throwaway: grid 4 runs x 3 epochs;") and "norm=half init=throwaway" in plan[0]
+    assert plan[1].startswith("postln: grid 16 runs x 3 epochs;")  # the study's own arms compose beside it
+
+
+def test_a_plugin_that_is_not_importable_is_named(plugin: Path) -> None:
+    with pytest.raises(ValueError, match="plugins: cannot import 'no_such_module'"):
+        compose_config([f"hydra.searchpath=[file://{plugin}]", "method=throwaway", "plugins=[no_such_module]"])
