@@ -61,6 +61,7 @@ def test_wmt14_en_de_postln_changes_only_norm_init_and_warmup() -> None:
         tfixup,
         experiment=post.experiment,
         method=post.method,
+        warmup_free=post.warmup_free,  # a label of T-Fixup's method YAML: no warmup defines it
         init=post.init,
         model=dataclasses.replace(tfixup.model, norm=post.model.norm),
         optim=dataclasses.replace(tfixup.optim, warmup_updates=post.optim.warmup_updates),
