@@ -1,4 +1,4 @@
-"""scripts/torch_peer.py on CPU as on a GPU: bf16 autocast where the CPU has it natively, compiled with inductor,
+"""scripts/bench/torch_peer.py on CPU as on a GPU: bf16 autocast where the CPU has it natively, compiled with inductor,
 so bench_train.py's tfx / peer ratio compares the same arithmetic on every device."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def peer() -> ModuleType:
-    return load_script("torch_peer")
+    return load_script("bench/torch_peer")
 
 
 def batch(rows: int = 4, length: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
