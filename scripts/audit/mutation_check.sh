@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Mutation testing of tfx's numerical core with mutmut 3 (pip install -e ".[dev]"); not part of CI.
 #
-#   scripts/mutation_check.sh                  # every module below, each against its own fast tests
-#   scripts/mutation_check.sh optim criterion  # some of them
-#   MUTATION_TESTS=all scripts/mutation_check.sh optim   # against the whole fast suite (slow)
-#   MUTATION_REPO=/other/checkout scripts/mutation_check.sh optim   # measure another tree's tests
-#   MUTATION_FILTER='tfx.decode.x_length_normalized* tfx.decode.x__finish*' scripts/mutation_check.sh decode
+#   scripts/audit/mutation_check.sh                  # every module below, each against its own fast tests
+#   scripts/audit/mutation_check.sh optim criterion  # some of them
+#   MUTATION_TESTS=all scripts/audit/mutation_check.sh optim   # against the whole fast suite (slow)
+#   MUTATION_REPO=/other/checkout scripts/audit/mutation_check.sh optim   # measure another tree's tests
+#   MUTATION_FILTER='tfx.decode.x_length_normalized* tfx.decode.x__finish*' scripts/audit/mutation_check.sh decode
 #       # only the mutants whose names match (mutmut's globs): the score covers the mutants checked
-#   MUTATION_TIMEOUT=5 scripts/mutation_check.sh decode
+#   MUTATION_TIMEOUT=5 scripts/audit/mutation_check.sh decode
 #       # a mutant is a timeout (detected) past 5x its tests' clean time (mutmut's default: 15x)
 #
 # Each module is mutated in its own scratch copy of the tree (mutmut writes a mutants/ folder and
@@ -18,7 +18,7 @@
 # machine burn CPU time, which turned equivalent mutants into false timeouts (detected) at 3x.
 set -euo pipefail
 
-REPO=$(cd "${MUTATION_REPO:-$(dirname "$0")/..}" && pwd)
+REPO=$(cd "${MUTATION_REPO:-$(dirname "$0")/../..}" && pwd)
 WORK=${MUTATION_WORK:-${TMPDIR:-/tmp}/tfx-mutation}
 CHILDREN=${MUTATION_CHILDREN:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

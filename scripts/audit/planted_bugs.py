@@ -1,13 +1,13 @@
 """Plant each bug issue 16 lists in a scratch copy of the tree and check the fast tests catch it.
 
-    python scripts/planted_bugs.py            # every bug
-    python scripts/planted_bugs.py lenpen ddp # the bugs whose id contains one of the words
+    python scripts/audit/planted_bugs.py            # every bug
+    python scripts/audit/planted_bugs.py lenpen ddp # the bugs whose id contains one of the words
 
 Each bug is an exact text replacement in one source file (the copy only: the working tree is never
 touched) followed by ``pytest -m "not slow" -x`` on the test files that should catch it. A failing
 test run is "caught"; a replacement whose text is no longer in the source is reported as "stale"
 (the code moved on: update the entry). Not part of CI: an audit of the suite, like
-``scripts/mutation_check.sh``.
+``scripts/audit/mutation_check.sh``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 AVERAGE = ["tests/test_average.py", "tests/test_average_values.py", "tests/test_average_cli.py"]
 
 

@@ -9,7 +9,7 @@ real (non-pad) target tokens per training second, and their ratio (packed / padd
 
 Usage (CPU, one thread, Multi30k from the staged text files)::
 
-    python scripts/bench_batching.py --out /tmp/bench_batching --updates 60 \\
+    python scripts/bench/bench_batching.py --out /tmp/bench_batching --updates 60 \\
         data.local_dir=../shared/data/multi30k train.threads=1 train.precision=fp32
 """
 

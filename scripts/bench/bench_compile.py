@@ -5,8 +5,8 @@ builds the model at the given depth, compiles it as ``tfx.compilation.compile_fo
 one graph per layer kind; ``model``: the whole forward; ``off``: eager), runs one forward + backward of a packed
 batch (one shape, so a static compile), then times ``--steps`` more. ``frames`` is what dynamo compiled.
 
-    python scripts/bench_compile.py --depths 6 48 --scopes off layers model --d-model 128     # CPU, one thread
-    python scripts/bench_compile.py --device cuda --depths 6 200 --d-model 512 --precision bf16
+    python scripts/bench/bench_compile.py --depths 6 48 --scopes off layers model --d-model 128     # CPU, one thread
+    python scripts/bench/bench_compile.py --device cuda --depths 6 200 --d-model 512 --precision bf16
 """
 
 from __future__ import annotations

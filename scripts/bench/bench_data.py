@@ -1,8 +1,8 @@
 """Measure the data path at scale: preparation time and memory, warm load, first update, two ranks.
 
-    python scripts/bench_data.py --pairs 4500000            # a generated WMT-sized corpus (issue 53's figures)
-    python scripts/bench_data.py --pairs 1000000 --ranks 2  # ... and two ranks under torchrun (gloo, CPU)
-    python scripts/bench_data.py --local-dir ../shared/data/multi30k --phases cold warm
+    python scripts/bench/bench_data.py --pairs 4500000            # a generated WMT-sized corpus (issue 53's figures)
+    python scripts/bench/bench_data.py --pairs 1000000 --ranks 2  # ... and two ranks under torchrun (gloo, CPU)
+    python scripts/bench/bench_data.py --local-dir ../shared/data/multi30k --phases cold warm
 
 ``--pairs N`` writes N pairs of Multi30k training sentences joined 1-3 at a time (``tfx.data.scale``) into
 ``--work`` (kept there for the next run). Each phase runs in a fresh process so its memory is its own:
@@ -37,7 +37,7 @@ import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `
 
 from tfx.data.scale import memory_mb, tree_pss_mb, write_joined_corpus
 
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 MULTI30K = CHECKOUT.parent / "shared" / "data" / "multi30k"
 PHASES = ("cold", "warm", "first", "ranks")
 

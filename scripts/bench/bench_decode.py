@@ -1,9 +1,9 @@
 """Beam-search speed with and without the decoder's key/value cache (and BLEU when a reference exists).
 
-    python scripts/bench_decode.py outputs/RUN/checkpoints/checkpoint_best.pt            # Multi30k test.de
-    python scripts/bench_decode.py CKPT --src test.de --ref test.en --limit 500 --uncached-limit 50
-    python scripts/bench_decode.py --random --d-model 512 --layers 6 --vocab 10000     # no checkpoint needed
-    python scripts/bench_decode.py --random --peer --repeat 2     # against fairseq-generate on the same model
+    python scripts/bench/bench_decode.py outputs/RUN/checkpoints/checkpoint_best.pt            # Multi30k test.de
+    python scripts/bench/bench_decode.py CKPT --src test.de --ref test.en --limit 500 --uncached-limit 50
+    python scripts/bench/bench_decode.py --random --d-model 512 --layers 6 --vocab 10000     # no checkpoint needed
+    python scripts/bench/bench_decode.py --random --peer --repeat 2     # against fairseq-generate on the same model
 
 Both paths decode the same batches; the uncached one (the whole prefix recomputed every step) runs
 on the first ``--uncached-limit`` sentences only, and the speed-up compares both on that subset.
@@ -56,7 +56,7 @@ from tfx.init import apply_init
 from tfx.model import Transformer, build_model
 from tfx.translate import load_model, read_text_lines
 
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+MULTI30K = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 FAIRSEQ_VENV = Path(os.environ.get("FAIRSEQ_PEER_DIR", "/tmp/fairseq_peer")) / "venv"  # fairseq_peer.sh's
 RANDOM_MAX_LEN_B = 25  # --peer --random: every output runs to this length (untrained models rarely emit EOS)
 

@@ -46,7 +46,7 @@ breakdown of the first setting by operator family (self time, so nothing is coun
 
 Peers, in the same invocation:
 
-- ``--torch-peer``: ``scripts/torch_peer.py``'s ``PeerTrainer`` (nn.Transformer Post-LN, fused
+- ``--torch-peer``: ``tfx.bench.torch_peer.PeerTrainer`` (nn.Transformer Post-LN, fused
   AdamW, torch.compile static with the same backend) on the very same synthetic batches, in tfx's
   precision (bf16 autocast or fp32) and compile on/off as each tfx row, on CPU as on CUDA; prints
   its target tokens/s and the ratio tfx / peer. The peer table's header says the peer's precision.
@@ -61,11 +61,11 @@ Peers, in the same invocation:
 
 Usage::
 
-    python scripts/bench_train.py --experiment iwslt --batching packed --compile off on --lengths 32 --torch-peer
-    python scripts/bench_train.py --experiment iwslt --profile --device cpu --steps 3 model.encoder_layers=2
-    python scripts/bench_train.py --experiment iwslt --device cpu --threads 1 --peer --warmup 2 --steps 10 \
+    python scripts/bench/bench_train.py --experiment iwslt --batching packed --compile off on --lengths 32 --torch-peer
+    python scripts/bench/bench_train.py --experiment iwslt --profile --device cpu --steps 3 model.encoder_layers=2
+    python scripts/bench/bench_train.py --experiment iwslt --device cpu --threads 1 --peer --warmup 2 --steps 10 \
         data=multi30k data.local_dir=../shared/data/multi30k train.precision=fp32   # tfx vs fairseq
-    python scripts/bench_train.py --experiment multi30k --real-data --batching packed --end-to-end 50 \
+    python scripts/bench/bench_train.py --experiment multi30k --real-data --batching packed --end-to-end 50 \
         data.local_dir=../shared/data/multi30k
 
 Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
@@ -74,7 +74,7 @@ Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import dataclasses
 import json
 import os
 import re
@@ -85,17 +85,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 import torch
 from torch import Tensor
 
+from tfx.bench.torch_peer import PeerTrainer, time_steps
+from tfx.build import fresh_stepper
 from tfx.compilation import (
     GRAPHS_PER_SCOPE,
     CompileCounts,
     compile_counts,
-    compile_for_training,
     compile_problems,
     reset_compile_counts,
 )
@@ -103,16 +103,14 @@ from tfx.config import Config, compose_config
 from tfx.data import BOS, PAD, Batch, prepare_data
 from tfx.data.plan import TrainBatches
 from tfx.distributed import DeviceError, resolve_device
-from tfx.init import apply_init
-from tfx.model import Transformer, build_model
+from tfx.model import Transformer
 from tfx.model.packing import Packing
-from tfx.optim import build_optimizer, lr_at
+from tfx.optim import lr_at
 from tfx.precision import Precision
 from tfx.step import Pending, Stepper, read
 
-PEER_SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "bench" / "fairseq_peer.sh"
+PEER_SCRIPT = Path(__file__).resolve().parents[3] / "shared" / "bench" / "fairseq_peer.sh"
 PEER_LOG_INTERVAL = 10  # fairseq_peer.sh's --log-interval
-TORCH_PEER = Path(__file__).resolve().with_name("torch_peer.py")
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s from NVIDIA's data sheets; first match of the
 # device name wins, so the more specific names come first. V100/T4 have no bf16: their fp16 peak.
@@ -240,17 +238,13 @@ def batch_flops(model: Transformer, d_model: int, vocab: int, batch: Batch) -> f
 
 
 # ------------------------------------------------------------ the update
-def build_stepper(cfg: Config, vocab: int, device: torch.device, backend: str | None, static: bool) -> Stepper:
-    """The trainer's parts (tfx.build's order: model -> init -> place -> optimizer -> compile) in a Stepper."""
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, vocab, PAD)
-    apply_init(model, cfg.init.name, seed=cfg.train.seed)
-    model.to(device).train()
-    precision = Precision(cfg.train.precision, device)
-    optimizer = build_optimizer(model, cfg.optim, device)
-    # as tfx.build.wrap (train.compile_scope; the default backend, inductor): static when the batches have one shape
-    net = compile_for_training(model, cfg.train.compile_scope, not static, backend) if backend else model
-    return Stepper(model, net, optimizer, precision, cfg.optim, device, world_size=1)
+def build_stepper(cfg: Config, vocab: int, device: torch.device, backend: str | None, batches: list[Batch]) -> Stepper:
+    """The trainer's update, built by ``tfx.build.fresh_stepper`` (the trainer's order and settings), compiled with
+    ``backend`` (None: not compiled). Static when the batches have one shape (``tfx.build.wrap`` compiles a packed
+    run so; a synthetic padded one of one length is static too); Admin profiles the first batch."""
+    train = dataclasses.replace(cfg.train, compile=backend is not None)
+    cfg = dataclasses.replace(cfg, train=train)
+    return fresh_stepper(cfg, vocab, device, lambda: batches[0], one_shape(batches), backend or "inductor")
 
 
 def run_updates(stepper: Stepper, batches: list[Batch], opt_cfg, first: int, count: int) -> list[Pending]:
@@ -333,8 +327,7 @@ def measure(cfg: Config, args: argparse.Namespace, batches: list[Batch], compile
     """One row: build, warm up, time ``args.steps`` updates of the trainer's Stepper."""
     device = torch.device(args.device)
     reset_compile_counts()
-    static = one_shape(batches)
-    stepper = build_stepper(cfg, args.vocab, device, args.compile_backend if compile_model else None, static)
+    stepper = build_stepper(cfg, args.vocab, device, args.compile_backend if compile_model else None, batches)
     t = timed_updates(stepper, batches, cfg, args.warmup, args.steps)
     timed = [batches[(args.warmup + i) % len(batches)] for i in range(args.steps)]
     tokens = sum(r["ntokens"] for r in t.raw)
@@ -391,14 +384,6 @@ def profile_table(stepper: Stepper, batches: list[Batch], cfg: Config, steps: in
 
 
 # ------------------------------------------------------------------ peers
-def load_torch_peer(path: Path = TORCH_PEER) -> ModuleType:
-    """scripts/torch_peer.py as a module, from its file (scripts are not a package; no sys.path edits)."""
-    spec = importlib.util.spec_from_file_location("torch_peer", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @dataclass
 class TorchPeerResult:
     compile: bool
@@ -409,17 +394,16 @@ class TorchPeerResult:
 def measure_torch_peer(cfg: Config, args: argparse.Namespace, batches: list[Batch], compile_model: bool):
     """PeerTrainer on the very same batches (on the device), the same warm-up and timed updates, in tfx's
     precision (bf16 autocast or fp32: the same arithmetic on both sides) and compile setting and backend."""
-    peer = load_torch_peer()
     device = torch.device(args.device)
     m = cfg.model
     sizes = dict(d_model=m.d_model, heads=m.heads, ffn_dim=m.ffn_dim, n_enc=m.encoder_layers, n_dec=m.decoder_layers)
     reset_compile_counts()
     torch.manual_seed(cfg.train.seed)
     bf16 = Precision(cfg.train.precision, device).bf16
-    trainer = peer.PeerTrainer(args.vocab, sizes, device, compile_model, backend=args.compile_backend, bf16=bf16)
+    trainer = PeerTrainer(args.vocab, sizes, device, compile_model, backend=args.compile_backend, bf16=bf16)
     on_device = [(b.src_tokens.to(device), b.prev_output_tokens.to(device), b.target.to(device), b.ntokens)
                  for b in batches]  # fmt: skip
-    seconds, tokens = peer.time_steps(trainer, on_device, args.warmup, args.steps)
+    seconds, tokens = time_steps(trainer, on_device, args.warmup, args.steps)
     return TorchPeerResult(compile_model, seconds / args.steps, tokens / seconds)
 
 
@@ -603,10 +587,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak (TFLOP/s)")
     p.add_argument("--profile", action="store_true", help="add a torch.profiler breakdown of the first setting")
     p.add_argument("--profile-steps", type=int, default=3)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: train.threads)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     p.add_argument("--real-data", action="store_true", help="time tfx.train's first batches of the corpus")
-    p.add_argument("--torch-peer", action="store_true", help="also time scripts/torch_peer.py on the same batches")
+    p.add_argument(
+        "--torch-peer", action="store_true", help="also time scripts/bench/torch_peer.py on the same batches"
+    )
     p.add_argument("--end-to-end", type=int, default=0, metavar="N", help="also run tfx.train for N updates")
     p.add_argument("--end-to-end-dir", type=Path, default=None, help="its run folders (default: a temporary one)")
     p.add_argument("--peer", action="store_true", help="also run fairseq_peer.sh; implies --real-data")
@@ -687,7 +673,7 @@ def rows(cfg: Config, args: argparse.Namespace, batches: list[Batch]) -> tuple[l
         print("\n".join([table_header(cfg, args, batches), *map(table_row, results)]), flush=True)
     if peers:
         precision = Precision(cfg.train.precision, torch.device(args.device)).name  # the peer's too
-        print(f"\ntorch peer (scripts/torch_peer.py, {precision}) on the same batches:\n\n{PEER_HEADER}\n"
+        print(f"\ntorch peer (scripts/bench/torch_peer.py, {precision}) on the same batches:\n\n{PEER_HEADER}\n"
               + "\n".join(peers), flush=True)  # fmt: skip
     return results, failed
 
@@ -716,7 +702,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     overrides = [*args.overrides, f"train.device={args.device}", f"data.batching={args.batching}"]
-    cfg = compose(args.experiment, overrides)
+    threads = [f"train.threads={args.threads}"] if args.threads > 0 else []  # tfx.build sets them, as tfx.train's
+    cfg = compose(args.experiment, [*overrides, *threads])
     args.vocab = args.vocab or cfg.data.vocab_size
     batches = prepare_batches(cfg, args, torch.device(args.device))
     if args.peer:

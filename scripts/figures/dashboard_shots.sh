@@ -2,14 +2,14 @@
 # docs/img/dashboard_*.png: train a T-Fixup and a Post-LN toy run (6+6 layers, 400 updates) into one
 # logdir, serve it with TensorBoard on 127.0.0.1:6006 and screenshot three tabs with headless Chromium.
 #
-#   scripts/dashboard_shots.sh [WORK_DIR]          # default /tmp/tfx-dashboard; about 5 minutes on 2 CPU cores
-#   scripts/dashboard_shots.sh WORK_DIR LOGDIR     # screenshots of runs that exist (e.g. a checkout's outputs/)
+#   scripts/figures/dashboard_shots.sh [WORK_DIR]          # default /tmp/tfx-dashboard; about 5 minutes on 2 CPU cores
+#   scripts/figures/dashboard_shots.sh WORK_DIR LOGDIR     # screenshots of runs that exist (e.g. a checkout's outputs/)
 #
 # Needs chromium and pngquant (Debian: apt-get install -y chromium pngquant). Runs that already exist in
 # WORK_DIR/runs are reused. See docs/dashboard.md for what each picture shows.
 set -euo pipefail
 work=${1:-/tmp/tfx-dashboard}
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 logdir=${2:-$work/runs}
 mkdir -p "$work/runs" "$repo/docs/img"
 

@@ -1,11 +1,12 @@
 """A figure from a table of valid BLEU per epoch in docs/: runs from different studies on one set of axes.
 
-A study draws its own runs (``converged_study.py --replot``); a comparison across studies (a setting one step past
-the grid's edge against the chosen one, whose run folder lives on another machine) exists only as a table in
-docs/converged.md. This draws that table: one line per row, x the epoch, the best epoch marked; rows whose name
-says "(chosen)" solid, the others dashed (each its own dash), one colour per method (the row name's first word).
+A study draws its own runs (``scripts/studies/converged_study.py --replot``); a comparison across studies (a setting
+one step past the grid's edge against the chosen one, whose run folder lives on another machine) exists only as a
+table in docs/converged.md. This draws that table: one line per row, x the epoch, the best epoch marked; rows whose
+name says "(chosen)" solid, the others dashed (each its own dash), one colour per method (the row name's first
+word).
 
-    python scripts/plot_epoch_table.py --section "The grid's edge" --out docs/figures/grid_edge_bf16.png
+    python scripts/figures/plot_epoch_table.py --section "The grid's edge" --out docs/figures/grid_edge_bf16.png
 
 Needs tfx's plot extra (``pip install -e ".[plot]"``, matplotlib).
 """
@@ -15,21 +16,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # matplotlib is the plot extra: imported where a figure is drawn
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+from tfx.studies.doc_figures import cells, finish
+
+CHECKOUT = Path(__file__).resolve().parents[2]
 PAGE = CHECKOUT / "docs" / "converged.md"
 COLUMN = "valid BLEU per epoch"
 DASHES = ["--", ":", "-.", (0, (5, 1, 1, 1, 1, 1))]  # a method's other settings, in the table's order
-
-
-def cells(line: str) -> list[str]:
-    """The cells of one markdown table row, bold markers around a cell dropped."""
-    return [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
 
 
 def epoch_table(page: Path, section: str) -> dict[str, list[float]]:
@@ -81,19 +76,6 @@ def plot(rows: dict[str, list[float]], title: str, path: Path) -> None:
     low = min(min(b[2:] or b) for b in rows.values())  # the first epochs would squash the end, where runs differ
     ax.set_ylim(bottom=max(0.0, low - 2))
     finish(fig, ax, title, path, legend="lower right")
-
-
-def finish(fig: Figure, ax: Axes, title: str, path: Path, legend: str) -> None:
-    """Title, grid and legend as every figure drawn from docs/ has them, then the PNG (small: 90 dpi)."""
-    import matplotlib.pyplot as plt
-
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc=legend)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

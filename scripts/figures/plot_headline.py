@@ -1,13 +1,13 @@
 """The README's figure: valid BLEU of each method over 30 CPU training minutes on Multi30k De->En.
 
 The numbers are read from the budget study's table in ``docs/methods.md`` ("Methods at a fixed CPU budget
-on real data": ``python scripts/budget_study.py --out outputs/budget_study``, measured 2026-11-30 14:29-16:44
+on real data": ``python scripts/studies/budget_study.py --out outputs/budget_study``, measured 2026-11-30 14:29-16:44
 UTC on the shared 2-core development VM; the table was committed in 0308c6d, the runs' own commit is not
 recorded): greedy valid BLEU at 10, 20 and 30 training minutes, three points per method. Its run folders
 are not kept, so the figure is drawn from the committed table, not from ``metrics.jsonl``
 (``budget_study.py --replot`` draws the full curves from run folders).
 
-    python scripts/plot_headline.py            # -> docs/figures/budget_valid_bleu.png
+    python scripts/figures/plot_headline.py            # -> docs/figures/budget_valid_bleu.png
 
 Needs tfx's plot extra (``pip install -e ".[plot]"``, matplotlib).
 """
@@ -18,9 +18,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from plot_epoch_table import cells, finish
+import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+from tfx.studies.doc_figures import cells, finish
+
+CHECKOUT = Path(__file__).resolve().parents[2]
 TABLE_PAGE = CHECKOUT / "docs" / "methods.md"
 FIGURE = CHECKOUT / "docs" / "figures" / "budget_valid_bleu.png"
 HEADER = "| arm | updates | final loss | valid @10 min | valid @20 | valid @30 |"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # 200+200 layers at d_model 512, as one prepared command: the memory table, then a short deep run.
 #
-#   scripts/deep_check.sh OUT_DIR                    # a GPU: ~1B parameters, bf16, ~10 minutes on one H100/H200
-#   DEVICE=cpu UPDATES=5 MEMORY=0 scripts/deep_check.sh OUT_DIR   # the same run on CPU (minutes per update)
+#   scripts/gpu/deep_check.sh OUT_DIR                    # a GPU: ~1B parameters, bf16, ~10 minutes on one H100/H200
+#   DEVICE=cpu UPDATES=5 MEMORY=0 scripts/gpu/deep_check.sh OUT_DIR   # the same run on CPU (minutes per update)
 #
-# 1. scripts/deep_memory.py at d_model $D_MODEL, 50/100/200 layers per side, activation checkpointing
+# 1. scripts/studies/deep_memory.py at d_model $D_MODEL, 50/100/200 layers per side, activation checkpointing
 #    off and on (CUDA: torch.cuda.max_memory_allocated; CPU: peak RSS) -> OUT_DIR/memory.md.
 #    Skipped with MEMORY=0.
 # 2. python -m tfx.train +experiment=deep (T-Fixup, no LayerNorm, no warmup) for $UPDATES updates
@@ -18,7 +18,7 @@ if [[ $# -ne 1 ]]; then
     exit 2
 fi
 out="$1"
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export PYTHONPATH="${repo}${PYTHONPATH:+:${PYTHONPATH}}"
 py="${PYTHON:-python}"
 device="${DEVICE:-auto}"
@@ -30,7 +30,7 @@ if [[ "${MEMORY:-1}" != 0 ]]; then
     mem_device="${device}"
     [[ "${mem_device}" == auto ]] && mem_device="$("${py}" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')"
     # Write beside, then rename: an interrupted run never leaves a partial table behind.
-    "${py}" "${repo}/scripts/deep_memory.py" --device "${mem_device}" --d-model "${d_model}" \
+    "${py}" "${repo}/scripts/studies/deep_memory.py" --device "${mem_device}" --d-model "${d_model}" \
         --threads "$([[ "${threads}" == 0 ]] && nproc || echo "${threads}")" > "${out}/memory.md.tmp"
     mv "${out}/memory.md.tmp" "${out}/memory.md"
     cat "${out}/memory.md"

@@ -9,7 +9,7 @@ usage() { echo "usage: ${script} [--cpu-dry-run] OUT_DIR" >&2; exit 2; }
 dry=0
 if [[ "${1:-}" == "--cpu-dry-run" ]]; then dry=1; shift; fi
 [[ $# -eq 1 && "$1" != -* ]] || usage
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 mkdir -p "$1" || { echo "error: cannot create $1: pass a writable OUT_DIR" >&2; exit 1; }
 out="$(cd "$1" && pwd)"
 export PYTHONPATH="${repo}${PYTHONPATH:+:${PYTHONPATH}}"
@@ -22,7 +22,7 @@ if [[ -n "${WHEELS:-}" ]]; then
     export PYTHONPATH="/tmp/tfx_site:${PYTHONPATH}"
 fi
 if [[ ${dry} == 0 ]] && ! "${py}" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
-    echo "error: no CUDA device here; run scripts/${script} --cpu-dry-run OUT_DIR to check the script on CPU" >&2
+    echo "error: no CUDA device here; run scripts/gpu/${script} --cpu-dry-run OUT_DIR to check the script on CPU" >&2
     exit 1
 fi
 

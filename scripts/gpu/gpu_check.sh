@@ -2,14 +2,14 @@
 # One command for a GPU machine (issue 25): the CUDA tests, training throughput/MFU at the iwslt sizes (packed,
 # static compile, 4096- and 32k-token batches, the torch peer), deep 200+200 s/update, deep memory.
 #
-#   scripts/gpu_check.sh OUT                  # one GPU, at most 535 s of time boxes -> OUT/report.md
-#   scripts/gpu_check.sh --cpu-dry-run OUT    # every step at tiny sizes on CPU (a minute or two): checks the script
+#   scripts/gpu/gpu_check.sh OUT                  # one GPU, at most 535 s of time boxes -> OUT/report.md
+#   scripts/gpu/gpu_check.sh --cpu-dry-run OUT    # every step at tiny sizes on CPU (a minute or two): checks the script
 #
 # Steps, in this order (the figure that matters most first), each time-boxed (`timeout`); each appends its section
 # to OUT/report.md when it ends (its status and seconds, then its log's tail), so a window cut short still returns
 # what ran; its full output is in OUT/logs/NAME.log; a table of every step's status closes the report:
-# 1. throughput_4k (T_BENCH 150 s): scripts/bench_train.py at the iwslt sizes (6+6, d 512), bf16, packed synthetic
-#    batches of 4096 tokens (128 x 32), compile on (static) then off, each followed by scripts/torch_peer.py on the
+# 1. throughput_4k (T_BENCH 150 s): scripts/bench/bench_train.py at the iwslt sizes (6+6, d 512), bf16, packed synthetic
+#    batches of 4096 tokens (128 x 32), compile on (static) then off, each followed by scripts/bench/torch_peer.py on the
 #    same batches with the same compile setting and precision; the compile-on row has the torch.profiler table.
 #    Each row: tgt tokens/s, MFU on real tokens, the cold first update (compilation), graphs, recompiles,
 #    kernels/update, GPU busy; a warning under a row names graph breaks and recompiles.
@@ -20,13 +20,13 @@
 # 4. deep_width (T_DEEP 240 s per precision; DEEP_AT_WIDTH=1 runs it, default off on a GPU: with it the boxes add up
 #    to 775 s, over the device's 10-minute command limit, so lower the others' boxes or run it in its own call):
 #    issue 13's +experiment=deep (lr 3e-5) at 100+100 and 200+200 layers, 30 updates, bf16 (DEEP_PRECISIONS="bf16
-#    fp32" adds fp32), scripts/deep_width_table.py; run folders on /dev/shm when it has 40 GB free.
-# 5. deep_memory (T_MEMORY 60 s): scripts/deep_memory.py, 200+200 layers, d 512, activation checkpointing off and
+#    fp32" adds fp32), scripts/studies/deep_width_table.py; run folders on /dev/shm when it has 40 GB free.
+# 5. deep_memory (T_MEMORY 60 s): scripts/studies/deep_memory.py, 200+200 layers, d 512, activation checkpointing off and
 #    on, torch.cuda.max_memory_allocated.
 # 6. gpu_tests (T_TESTS 100 s): pytest -m gpu: bf16 and fp16 (loss-scaled) steps, resume on CUDA = an uninterrupted
 #    run, checkpoint -> tfx.translate on CUDA, a 1-GPU torchrun run, and test_an_update_makes_no_host_sync (padded
 #    and packed) under torch.cuda.set_sync_debug_mode("error").
-# 7. decode (T_DECODE 25 s): scripts/bench_decode.py --random at the iwslt sizes, bf16, 1014 sentences (Multi30k
+# 7. decode (T_DECODE 25 s): scripts/bench/bench_decode.py --random at the iwslt sizes, bf16, 1014 sentences (Multi30k
 #    valid's count), validation's 4096-token batches: greedy (validation) and beam 5 (test), sentences/s.
 # The boxes add up to 535 s (steps 1-3 and 5-7), under 9 minutes; the first compile of the whole model at the iwslt
 # sizes took over 85 s with dynamic shapes on an H200 (docs/gpu-and-scaling.md "GPU"); tfx now compiles per layer
@@ -44,7 +44,7 @@
 #       --platform manylinux_2_28_x86_64 -d .whl hydra-core==1.3.8 omegaconf==2.3.1 sacremoses==0.2.0
 #   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
 # then one device call, carry [".whl"], timeout_s 600 (the boxes end by 535 s, plus the report):
-#   WHEELS=.whl PYTHON=python3 PYTHONUNBUFFERED=1 bash scripts/gpu_check.sh $OUT
+#   WHEELS=.whl PYTHON=python3 PYTHONUNBUFFERED=1 bash scripts/gpu/gpu_check.sh $OUT
 # ($OUT/report.md and the 6 logs in $OUT/logs/ come back. If the call is cut short, report.md holds the steps that
 # ended, in the order above: the 4096-token figure first.)
 set -uo pipefail
@@ -144,20 +144,20 @@ PY
 
 run_step throughput_4k "${t_bench}" \
     "Throughput, iwslt sizes, packed ${tokens_4k}-token batches: compile on/off, torch peer" 45 \
-    "${py}" scripts/bench_train.py "${bench_over[@]}" "data.max_tokens=${tokens_4k}" --experiment iwslt \
+    "${py}" scripts/bench/bench_train.py "${bench_over[@]}" "data.max_tokens=${tokens_4k}" --experiment iwslt \
     --device "${device}" --batching packed --compile on off --torch-peer --profile "${bench[@]}"
 run_step throughput_32k "${t_bench_32k}" \
     "Throughput, iwslt sizes, packed ${tokens_32k}-token batches, compile on" 12 \
-    "${py}" scripts/bench_train.py "${bench_over[@]}" "data.max_tokens=${tokens_32k}" --experiment iwslt \
+    "${py}" scripts/bench/bench_train.py "${bench_over[@]}" "data.max_tokens=${tokens_32k}" --experiment iwslt \
     --device "${device}" --batching packed --compile on "${bench[@]}"
 run_step deep_bench "${t_deep_bench}" \
     "Deep, +experiment=deep, ${tokens_4k}-token packed batches, compile off/on" 12 \
-    "${py}" scripts/bench_train.py "${deep_over[@]}" "data.max_tokens=${tokens_4k}" --experiment deep \
+    "${py}" scripts/bench/bench_train.py "${deep_over[@]}" "data.max_tokens=${tokens_4k}" --experiment deep \
     --device "${device}" --batching packed --compile off on "${deep_bench[@]}"
 if [[ ${deep_at_width} == 1 ]]; then
     for precision in "${deep_precisions[@]}"; do
         run_step "deep_width_${precision}" "${t_deep}" "Deep at width, +experiment=deep, ${precision}" 8 \
-            "${py}" scripts/deep_width_table.py --out "${deep_out}/deep_${precision}" --candidates adam_3e-5 \
+            "${py}" scripts/studies/deep_width_table.py --out "${deep_out}/deep_${precision}" --candidates adam_3e-5 \
             --precision "${precision}" --device "${device}" --jobs 1 "${deep[@]}"
         # the per-update losses, kept beside the logs (the run folders may be on /dev/shm, removed at exit)
         cat "${deep_out}/deep_${precision}"/runs/*/train.log > "${out}/logs/deep_width_${precision}_train.log" \
@@ -167,14 +167,14 @@ else
     steps_table+=("| deep_width | skipped (DEEP_AT_WIDTH=1 runs it) | 0 |")
 fi
 run_step deep_memory "${t_memory}" "Peak memory, 200+200 layers, activation checkpointing off/on" 12 \
-    "${py}" scripts/deep_memory.py --device "${device}" --timeout "${t_memory}" "${memory[@]}"
+    "${py}" scripts/studies/deep_memory.py --device "${device}" --timeout "${t_memory}" "${memory[@]}"
 # only the file that holds the gpu tests: collecting every test module costs seconds of the box
 run_step gpu_tests "${t_tests}" "pytest -m gpu" 15 \
     "${py}" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py
 # greedy (validation's search) and beam 5 (test's), validation's batches (4096 padded source tokens)
 run_step decode "${t_decode}" \
     "Decoding, iwslt sizes, untrained weights (every sentence runs to its length limit): greedy, beam 5" 12 \
-    bash -c 'for beam in 1 5; do "$0" scripts/bench_decode.py --random --device "$1" --beam "${beam}" \
+    bash -c 'for beam in 1 5; do "$0" scripts/bench/bench_decode.py --random --device "$1" --beam "${beam}" \
     --max-tokens 4096 "${@:2}" || exit 1; done' "${py}" "${device}" "${decode[@]}"
 
 {

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The converged comparison in one GPU window (issue 26): scripts/converged_study.py --preset gpu at 3+3 layers (the
+# The converged comparison in one GPU window (issue 26): scripts/studies/converged_study.py --preset gpu at 3+3 layers (the
 # arms the CPU studies tuned, each at its setting, seeds 1 2 3) and at 12+12 (the same settings, seeds DEEP_SEEDS),
 # both at once on one GPU, for at most T_STUDY seconds. Then both studies are stopped (a run saves and resumes),
 # replotted, and their tables, figures and records (no checkpoints) are written to OUT.
 #
-#   scripts/gpu_converged.sh OUT                 # one GPU -> OUT/report.md
-#   scripts/gpu_converged.sh --cpu-dry-run OUT   # a tiny model on a 400-sentence corpus on CPU: checks the script
+#   scripts/gpu/gpu_converged.sh OUT                 # one GPU -> OUT/report.md
+#   scripts/gpu/gpu_converged.sh --cpu-dry-run OUT   # a tiny model on a 400-sentence corpus on CPU: checks the script
 #
 # The studies live in STUDY_DIR (default: /dev/shm/tfx_gpu_converged where /dev/shm has 48 GB free, since 30 runs
 # write checkpoints every few seconds; else outputs/gpu_converged, ignored by git; a folder left by an earlier call
@@ -20,13 +20,13 @@
 # Settings: T_STUDY (seconds of training, default 480), DEPTHS (default "3 12"; "3" alone gives the 3+3 runs the
 # whole GPU), DEEP_SEEDS (default "1 2 3"), DATA_DIR (default ../shared/data/multi30k, else .gpu_data/multi30k),
 # STUDY_DIR, STUDY_ARGS (more converged_study.py options for both studies, e.g. "--patience 5": docs/converged.md
-# found patience 3 too short on the GPU), WHEELS (as in scripts/gpu_check.sh), PYTHON.
+# found patience 3 too short on the GPU), WHEELS (as in scripts/gpu/gpu_check.sh), PYTHON.
 #
-# On this workplace's device machine: the wheels of scripts/gpu_check.sh's header, and the corpus, which does not
+# On this workplace's device machine: the wheels of scripts/gpu/gpu_check.sh's header, and the corpus, which does not
 # travel from ../shared (data/cache, the encoded corpus, saves each run a few seconds):
 #   mkdir -p .gpu_data && cp -r ../shared/data/multi30k .gpu_data/ && echo /.gpu_data/ >> .git/info/exclude
 # then one device call, carry [".whl", ".gpu_data", "data/cache"], timeout_s 600 (T_STUDY plus at most 90 s):
-#   WHEELS=.whl PYTHON=python3 PYTHONUNBUFFERED=1 bash scripts/gpu_converged.sh $OUT
+#   WHEELS=.whl PYTHON=python3 PYTHONUNBUFFERED=1 bash scripts/gpu/gpu_converged.sh $OUT
 set -uo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/device_prelude.sh" "$@"
@@ -87,7 +87,7 @@ for name in "${depths[@]}"; do
     [[ ${dry} == 1 && ${name} -gt 3 ]] && layers=(--layers 2)  # the deeper table, tiny
     [[ ${name} != 3 ]] && layers+=(--seeds "${deep_seeds[@]}")
     # its own process group, so that the stop below reaches the study and nothing else
-    setsid "${py}" scripts/converged_study.py --out "${studies}/converged_${name}" --data-dir "${data}" \
+    setsid "${py}" scripts/studies/converged_study.py --out "${studies}/converged_${name}" --data-dir "${data}" \
         "${common[@]}" "${layers[@]}" > "${out}/study_${name}.log" 2>&1 &
     pids+=($!)
 done
@@ -120,7 +120,7 @@ print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({pl
         echo "## converged_${name}"
         echo
         if [[ -f "${study}/study.json" ]]; then
-            "${py}" scripts/converged_study.py --out "${study}" --replot > /dev/null 2> "${out}/replot_${name}.err" \
+            "${py}" scripts/studies/converged_study.py --out "${study}" --replot > /dev/null 2> "${out}/replot_${name}.err" \
                 && cat "${study}/converged_study.md" || echo "(replot failed: $(tail -n 1 "${out}/replot_${name}.err"))"
             tar -czf "${out}/converged_${name}.tar.gz" -C "${study}" --exclude='*.pt' --exclude='tb' . \
                 || echo "(tar of ${study} failed)"

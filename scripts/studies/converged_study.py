@@ -28,18 +28,18 @@ per arm with the seeds' range as a band, the other finalists dashed), ``converge
 heatmap: what its lr, dropout and warmup were chosen from), ``study.json`` and ``runs/`` (one TensorBoard folder).
 Everything resumes: run the same command again after an interruption; finished runs do not train again and scored
 decodes are not redone.
-``--replot`` rewrites table and figures from the run folders (``converged_report.py``; where the runs and decodes
-lie in ``--out``, and what they hold: ``converged_runs.py``). ``--layers 12`` is the deeper table (12 + 12
-layers, d 256); ``--direction en-de`` the other direction. The study harness is ``tfx.studies``: tfx must be
+``--replot`` rewrites table and figures from the run folders (``tfx.studies.converged_report``; where the runs and
+decodes lie in ``--out``, and what they hold: ``tfx.studies.converged_runs``). ``--layers 12`` is the deeper table
+(12 + 12 layers, d 256); ``--direction en-de`` the other direction. The study harness is ``tfx.studies``: tfx must be
 installed (``pip install -e ".[study]"``).
 
 Usage (CPU; an epoch of the 3+3 model takes about 8 minutes on one AVX2 thread in fp32, 2 on a bf16 one)::
 
-    python scripts/converged_study.py --out results/converged --arms tfixup postln --seeds 1   # results/README.md
-    python scripts/converged_study.py --out outputs/converged --tuned postln=1e-3,0.1,400   # a grid of one for postln
-    python scripts/converged_study.py --out outputs/converged_gpu --preset gpu   # CPU-tuned arms, 3 seeds, one GPU
-    python scripts/converged_study.py --preset gpu --dry-run    # its plan, every arm's config composed; no training
-    scripts/gpu_converged.sh OUT    # the GPU preset at 3+3 and 12+12 inside a time box (one device call)
+    python scripts/studies/converged_study.py --out results/converged --arms tfixup postln --seeds 1  # results/README
+    python scripts/studies/converged_study.py --out outputs/converged --tuned postln=1e-3,0.1,400  # postln: one setting
+    python scripts/studies/converged_study.py --out outputs/converged_gpu --preset gpu  # CPU-tuned arms, 3 seeds, a GPU
+    python scripts/studies/converged_study.py --preset gpu --dry-run  # its plan, every arm's config composed
+    scripts/gpu/gpu_converged.sh OUT    # the GPU preset at 3+3 and 12+12 inside a time box (one device call)
 """
 
 from __future__ import annotations
@@ -59,8 +59,11 @@ from pathlib import Path
 from typing import Any
 
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
-from converged_report import write_report
-from converged_runs import (
+
+from tfx.metrics_log import FILENAME
+from tfx.studies.arms import ARMS, DEFAULT_ARMS, add_conf_dirs, conf_dirs, write_arm, write_arms
+from tfx.studies.converged_report import write_report
+from tfx.studies.converged_runs import (
     KINDS,
     TEST_SETS,
     WINDOW,
@@ -79,9 +82,6 @@ from converged_runs import (
     setting_name,
     test_scores,
 )
-
-from tfx.metrics_log import FILENAME
-from tfx.studies.arms import ARMS, DEFAULT_ARMS, add_conf_dirs, conf_dirs, write_arm, write_arms
 from tfx.studies.harness import (
     CHECKOUT,
     missing_files,

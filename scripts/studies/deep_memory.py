@@ -28,7 +28,7 @@ instead, which counts tensors only, and the allocated bytes after build.
 ``--build`` instead times building + T-Fixup-initializing one 200+200 model per ``--build-d-model``
 (fresh subprocess each; d_model 512 is ~1B parameters = 4 GB fp32).
 
-Usage: ``python scripts/deep_memory.py [--layers 50 100 200] [--d-model 128] [--build --build-d-model 128 512]``
+Usage: ``python scripts/studies/deep_memory.py [--layers 50 100 200] [--d-model 128] [--build --build-d-model 128 512]``
 
 Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
 """

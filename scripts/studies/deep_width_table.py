@@ -10,8 +10,8 @@ Per run the table gives the train loss (bits) at update 1, the max over updates 
 and ``pass``: no update above the loss at update 1 and the loss at U below it (issue 13's criterion).
 Losses come from the run's own log (``<run>/train.log``, one line per update).
 
-    python scripts/deep_width_table.py --out outputs/deep_width --depths 6 24 [--candidates ...] [--jobs 2]
-    python scripts/deep_width_table.py --out outputs/deep_width --collect   # the table from finished runs
+    python scripts/studies/deep_width_table.py --out outputs/deep_width --depths 6 24 [--candidates ...] [--jobs 2]
+    python scripts/studies/deep_width_table.py --out outputs/deep_width --collect   # the table from finished runs
 
 ``--first-step LR ...`` predicts the spike without training: one gradient at init on the run's first
 batch, then for each lr Adam's exact first update (AdamW at t = 1: p(1 - lr wd) - lr g / (|g| + eps),
@@ -19,7 +19,7 @@ i.e. lr x sign(g) for every weight that has a gradient, whatever its size) and t
 second batch, dropout off; the weights go back between lrs. One backward and one forward per lr: at
 N = 200 a few minutes instead of hours, and it matched the trained update-2 loss within 0.4 bits.
 
-    python scripts/deep_width_table.py --out outputs/deep_width --depths 200 --first-step 5e-5 3e-5
+    python scripts/studies/deep_width_table.py --out outputs/deep_width --depths 200 --first-step 5e-5 3e-5
 
 Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
 """
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # name -> the overrides on top of the deep recipe (conf/experiment/deep.yaml as it was before issue 13:
 # Adam(0.9, 0.98), lr 5e-4, no warmup, no clipping).

@@ -30,7 +30,7 @@ Two versions, both printed:
    Fixup start as the identity on the residual stream (ratio exactly 1 at any depth); DyT's branches
    see tanh-bounded inputs, so its stream grows additively with depth, not multiplicatively.
 
-Usage: ``python scripts/norm_vs_depth.py [--depths 6 12 200] [--d-model 32] [--plot out.png]``
+Usage: ``python scripts/studies/norm_vs_depth.py [--depths 6 12 200] [--d-model 32] [--plot out.png]``
 
 Needs tfx installed (``pip install -e .`` in the checkout): it imports tfx as a package.
 """

@@ -9,7 +9,7 @@ by rounding also after the embedding and after every residual add; it prints the
 the whole gradient (label-smoothed loss) against plain fp32, at each depth, on random tokens with T-Fixup's
 initialization (``+experiment=deep``'s model at d 512, eval mode: no dropout).
 
-    python scripts/residual_precision.py --depths 6 50 200
+    python scripts/studies/residual_precision.py --depths 6 50 200
 """
 
 from __future__ import annotations

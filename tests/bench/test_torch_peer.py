@@ -1,4 +1,4 @@
-"""scripts/bench/torch_peer.py on CPU as on a GPU: bf16 autocast where the CPU has it natively, compiled with inductor,
+"""tfx.bench.torch_peer on CPU as on a GPU: bf16 autocast where the CPU has it natively, compiled with inductor,
 so bench_train.py's tfx / peer ratio compares the same arithmetic on every device."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from torch._dynamo.utils import counters
 from torch._inductor.compile_fx import compile_fx
 
-from tests.conftest import load_script
+from tfx.bench import torch_peer
 from tfx.compilation import reset_compile_counts
 
 NATIVE_BF16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # the hardware's answer (AVX512-BF16/AMX)
@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def peer() -> ModuleType:
-    return load_script("bench/torch_peer")
+    return torch_peer
 
 
 def batch(rows: int = 4, length: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:

@@ -1,4 +1,4 @@
-"""scripts/converged_report.py: mean +- std over seeds from known per-seed values, each arm's grid as a table and
+"""tfx.studies.converged_report: mean +- std over seeds from known per-seed values, each arm's grid as a table and
 a heatmap, the figure of an arm still choosing, the paired bootstrap against T-Fixup seed by seed, T-Fixup first:
 all from scripted run records, no training. CPU."""
 
@@ -12,18 +12,19 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import load_script
-from tests.scripts.test_converged_study import _one_line_corpus, _RecordingQueue, _valid_run
+from tests.scripts.studies.test_converged_study import _one_line_corpus, _RecordingQueue, _valid_run
 from tfx.bleu import corpus_bleu
+from tfx.studies import converged_report
 
 
 @pytest.fixture(scope="module")
 def report() -> ModuleType:
-    return load_script("converged_report")
+    return converged_report
 
 
 @pytest.fixture(scope="module")
 def cs() -> ModuleType:  # the study's arguments, as a report reads them back from study.json
-    return load_script("converged_study")
+    return load_script("studies/converged_study")
 
 
 def test_mean_std_from_known_seed_values(report: ModuleType) -> None:

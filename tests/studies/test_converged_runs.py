@@ -1,4 +1,4 @@
-"""scripts/converged_runs.py: what a study's run records read back as. CPU, no training."""
+"""tfx.studies.converged_runs: what a study's run records read back as. CPU, no training."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import load_script
+from tfx.studies import converged_runs
 
 
 @pytest.fixture(scope="module")
 def runs() -> ModuleType:
-    return load_script("converged_runs")
+    return converged_runs
 
 
 def test_the_valid_curve_has_one_point_per_update(runs: ModuleType, tmp_path: Path) -> None:

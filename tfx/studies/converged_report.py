@@ -1,7 +1,7 @@
-"""A converged study's report, from its folder alone (``converged_study.py --replot``): ``converged_study.md`` (mean
-+- std over seeds and each seed's value, each arm against T-Fixup by paired bootstrap, the finalists, each arm's
-grid, where each run stands) and the figures ``converged_study.png`` (valid BLEU per epoch, seed bands) and
-``converged_grid.png`` (each arm's grid as a heatmap)."""
+"""A converged study's report, from its folder alone (``scripts/studies/converged_study.py --replot``):
+``converged_study.md`` (mean +- std over seeds and each seed's value, each arm against T-Fixup by paired bootstrap,
+the finalists, each arm's grid, where each run stands) and the figures ``converged_study.png`` (valid BLEU per
+epoch, seed bands) and ``converged_grid.png`` (each arm's grid as a heatmap)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
-from converged_runs import (
+from tfx.bleu import paired_bootstrap
+from tfx.data.sources import read_lines
+from tfx.studies.arms import ARMS, DEFAULT_ARMS
+from tfx.studies.converged_runs import (
     KINDS,
     TEST_SETS,
     WINDOW,
@@ -32,10 +34,6 @@ from converged_runs import (
     test_scores,
     valid_curve,
 )
-
-from tfx.bleu import paired_bootstrap
-from tfx.data.sources import read_lines
-from tfx.studies.arms import ARMS, DEFAULT_ARMS
 
 DASHES = ["--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]  # the not-chosen finalists in the figure
 

@@ -1,7 +1,7 @@
-"""Where a converged study (``converged_study.py``) keeps its runs and decodes, and what they hold: the layout of
-``--out``, each run's valid-BLEU curve and how it ended, each decode's test scores. The study writes this layout;
-the study and its report (``converged_report.py``) read it back, so a study copied without its checkpoints
-(results/README.md) still reports."""
+"""Where a converged study (``scripts/studies/converged_study.py``) keeps its runs and decodes, and what they hold:
+the layout of ``--out``, each run's valid-BLEU curve and how it ended, each decode's test scores. The study writes
+this layout; the study and its report (``tfx.studies.converged_report``) read it back, so a study copied without its
+checkpoints (results/README.md) still reports."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import argparse
 import json
 import math
 from pathlib import Path
-
-import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
 from tfx.metrics_log import FILENAME, read_metrics
 from tfx.studies.arms import ARMS, warmup_free

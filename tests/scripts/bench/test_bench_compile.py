@@ -1,4 +1,4 @@
-"""scripts/bench_compile.py: one fresh process per row; per-layer compile traces two graphs at any depth, the
+"""scripts/bench/bench_compile.py: one fresh process per row; per-layer compile traces two graphs at any depth, the
 whole model one. CPU, fp32, the aot_eager backend (forward and backward traced, no code generation)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.conftest import load_script
 @pytest.mark.slow
 @pytest.mark.fixed_precision
 def test_rows_count_the_graphs_each_scope_compiles(capsys: pytest.CaptureFixture) -> None:
-    bench = load_script("bench_compile")
+    bench = load_script("bench/bench_compile")
     argv = ["--depths", "1", "3", "--scopes", "layers", "model", "--d-model", "16", "--steps", "1", "--backend",
             "aot_eager"]  # fmt: skip
     assert bench.main(argv) == 0

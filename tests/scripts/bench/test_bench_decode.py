@@ -1,4 +1,4 @@
-"""scripts/bench_decode.py --peer: reading fairseq-generate's output, and (slow, where fairseq is installed)
+"""scripts/bench/bench_decode.py --peer: reading fairseq-generate's output, and (slow, where fairseq is installed)
 the same hypotheses from fairseq-generate as from tfx on a converted tiny model."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ P-0\t-1.7
 def bench() -> ModuleType:
     from tests.conftest import load_script
 
-    return load_script("bench_decode")
+    return load_script("bench/bench_decode")
 
 
 def test_generate_output_gives_hypotheses_and_its_own_timing(bench: ModuleType) -> None:

@@ -1,11 +1,13 @@
-"""scripts/bench_train.py: the FLOP count against torch's counter, the peak table, a tiny run end to end."""
+"""scripts/bench/bench_train.py: the FLOP count against torch's counter, the peak table, a tiny run end to end."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,12 +16,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tests.conftest import load_script
 from tests.model.test_packing import random_split
+from tests.test_train import tiny_cfg
 from tfx.criterion import label_smoothed_loss
 from tfx.data import BOS, PAD, Batch
 from tfx.data.packing import collate_packed, pack_first_fit
 from tfx.model import Transformer
 from tfx.model.packing import Packing
 from tfx.precision import Precision
+from tfx.step import read
+from tfx.train import Trainer
 
 TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.ffn_dim=64",
         "data.max_tokens=128", "data.vocab_size=200"]  # fmt: skip
@@ -27,7 +32,7 @@ TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return load_script("bench_train")
+    return load_script("bench/bench_train")
 
 
 def test_matmul_flops_match_torchs_flop_counter(bench: ModuleType) -> None:
@@ -140,7 +145,7 @@ def test_packed_run_compiles_static_once_and_times_the_torch_peer(
     tfx_on = next(r for r in on if len(r) == len(bench.COLUMNS))
     assert int(tfx_on[2]) == 128 and 1 <= int(tfx_on[8]) <= bench.GRAPHS_PER_SCOPE["layers"] and tfx_on[9] == "0"
     tfx_precision = Precision("auto", torch.device("cpu")).name  # TINY leaves train.precision=auto
-    assert f"torch peer (scripts/torch_peer.py, {tfx_precision}) on the same batches" in out  # the peer's too
+    assert f"torch peer (scripts/bench/torch_peer.py, {tfx_precision}) on the same batches" in out  # the peer's too
     peers = [r for r in table_rows(out, "off") + on if len(r) == 6]  # the peer table: compile off and on
     assert [r[0] for r in peers] == ["off", "on"]
     for r in peers:
@@ -250,3 +255,36 @@ def test_peer_run_prints_both_rates_and_the_ratio(
 def test_a_missing_device_is_one_line(bench: ModuleType) -> None:
     with pytest.raises(SystemExit, match=r"error: --device=cuda:99: no such device on this machine; available: cpu"):
         bench.main(["--device", "cuda:99"])
+
+
+@pytest.mark.parametrize("init", ["tfixup", "admin"])  # admin profiles a batch first: the bench must hand it one
+def test_the_bench_times_the_trainers_update(bench: ModuleType, tmp_path: Path, init: str) -> None:
+    """The bench builds through ``tfx.build``: for one config, seed and batch, its model, optimizer and precision
+    are the trainer's, and one update of each (dropout on) leaves the same weights and Adam moments. A bench that
+    re-created the build order by hand would drift from it here the day the order changed."""
+    cfg = tiny_cfg(tmp_path, model_kw={"norm": "none" if init == "tfixup" else init}, init=init)
+    trainer = Trainer(cfg, tmp_path / "run")
+    try:
+        batch = trainer.batches.first_padded()
+        vocab = trainer.corpus.tokenizer.vocab_size
+        initial = copy.deepcopy(trainer.model.state_dict())
+        trainer.train_step([batch])
+    finally:
+        trainer.close()
+    stepper = bench.build_stepper(cfg, vocab, torch.device("cpu"), None, [batch])
+    assert type(stepper.model) is type(trainer.model) and type(stepper.optimizer) is type(trainer.optimizer)
+    assert stepper.optimizer.defaults == trainer.optimizer.defaults
+    assert stepper.precision.name == trainer.precision.name and stepper.world_size == 1
+    assert_same(stepper.model.state_dict(), initial)
+    read(bench.run_updates(stepper, [batch], cfg.optim, 0, 1))
+    assert_same(stepper.model.state_dict(), trainer.model.state_dict())
+    ours, theirs = stepper.optimizer.state_dict()["state"], trainer.optimizer.state_dict()["state"]
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert_same(ours[key], theirs[key])
+
+
+def assert_same(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+    assert ours.keys() == theirs.keys()
+    for name, value in ours.items():
+        torch.testing.assert_close(value, theirs[name], rtol=0, atol=0, msg=name)

@@ -1,4 +1,4 @@
-"""scripts/plot_epoch_table.py: the valid-BLEU-per-epoch table under a heading of a docs page, read and drawn;
+"""scripts/figures/plot_epoch_table.py: the valid-BLEU-per-epoch table under a heading of a docs page, read and drawn;
 a page without it, or with a row that holds no numbers, is refused in one line. CPU, no tensors."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PAGE = """# Methods
 
 @pytest.fixture(scope="module")
 def pe() -> ModuleType:
-    return load_script("plot_epoch_table")
+    return load_script("figures/plot_epoch_table")
 
 
 def test_reads_the_first_table_under_the_heading_only(pe: ModuleType, tmp_path: Path) -> None:

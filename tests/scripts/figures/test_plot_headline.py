@@ -1,4 +1,4 @@
-"""scripts/plot_headline.py: the README's figure is drawn from the budget-study table as committed in docs/."""
+"""scripts/figures/plot_headline.py: the README's figure is drawn from the budget-study table as committed in docs/."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.conftest import REPO, load_script
 
 @pytest.fixture(scope="module")
 def ph() -> ModuleType:
-    return load_script("plot_headline")
+    return load_script("figures/plot_headline")
 
 
 def test_the_numbers_are_the_committed_table(ph: ModuleType) -> None:

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh: every step at tiny sizes on CPU (--cpu-dry-run), so the GPU run is known to work."""
+"""scripts/gpu/gpu_check.sh: every step at tiny sizes on CPU (--cpu-dry-run), so the GPU run is known to work."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import REPO
 
-SCRIPT = REPO / "scripts" / "gpu_check.sh"
+SCRIPT = REPO / "scripts" / "gpu" / "gpu_check.sh"
 STEPS = ("throughput_4k", "throughput_32k", "deep_bench", "deep_width_fp32", "deep_memory", "gpu_tests", "decode")
 
 
@@ -36,7 +36,7 @@ def test_cpu_dry_run_runs_every_step_and_writes_the_report(tmp_path: Path) -> No
     assert "packed batches (synthetic, lengths [8]; rows x src/tgt: 32x8/8; compile would be static)" in report
     peer = report.split("| tfx / peer |")[1].splitlines()  # the torch peer's table: compile on, then off
     assert peer[2].startswith("| on |") and peer[3].startswith("| off |")
-    assert "torch peer (scripts/torch_peer.py, fp32) on the same batches" in report  # tfx's precision
+    assert "torch peer (scripts/bench/torch_peer.py, fp32) on the same batches" in report  # tfx's precision
     assert "rows x src/tgt: 128x8/8" in report  # the bigger batches (32k tokens on a GPU)
     assert "deep: 2+2 layers" in report  # +experiment=deep's bench row
     assert "| 2 | off |" in report and "| 2 | on |" in report  # memory: checkpointing off and on

@@ -1,4 +1,4 @@
-"""scripts/gpu_converged.sh on CPU (--cpu-dry-run, a tiny model on 400 Multi30k sentences, fp32): both studies
+"""scripts/gpu/gpu_converged.sh on CPU (--cpu-dry-run, a tiny model on 400 Multi30k sentences, fp32): both studies
 start, are stopped at the end of the box, and the report and the records without checkpoints come back."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import REPO
 
-SCRIPT = REPO / "scripts" / "gpu_converged.sh"
+SCRIPT = REPO / "scripts" / "gpu" / "gpu_converged.sh"
 
 
 @pytest.mark.slow
@@ -47,15 +47,15 @@ def test_a_box_that_ends_stops_both_studies_and_returns_their_reports_and_record
 
 
 def test_without_a_gpu_or_an_out_dir_it_says_so_in_one_line_and_exits_non_zero(tmp_path: Path) -> None:
-    """The arguments and the CUDA check of scripts/device_prelude.sh, which gpu_check.sh shares (CPU only)."""
+    """The arguments and the CUDA check of scripts/gpu/device_prelude.sh, which gpu_check.sh shares (CPU only)."""
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device: the script would start the studies")
     usage = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert (usage.returncode, usage.stderr) == (2, "usage: gpu_converged.sh [--cpu-dry-run] OUT_DIR\n")
     no_gpu = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert no_gpu.returncode == 1
-    assert no_gpu.stderr == ("error: no CUDA device here; run scripts/gpu_converged.sh --cpu-dry-run OUT_DIR to check "
-                             "the script on CPU\n")  # fmt: skip
+    assert no_gpu.stderr == ("error: no CUDA device here; run scripts/gpu/gpu_converged.sh --cpu-dry-run OUT_DIR to "
+                             "check the script on CPU\n")  # fmt: skip
     assert not (tmp_path / "out" / "report.md").exists()
 
 
@@ -77,7 +77,7 @@ while read -r line; do echo "${{line}}" >> {told}; [[ "${{line}}" == get_server_
         Path(python).write_text(f"#!/usr/bin/env bash\nexit {0 if client_works else 1}\n")
         Path(python).chmod(0o755)
     pipe = "${CUDA_MPS_PIPE_DIRECTORY:-unset}"
-    script = (f"source scripts/device_prelude.sh --cpu-dry-run {tmp_path / 'out'}; start_mps {tmp_path / 'mps'}; "
+    script = (f"source scripts/gpu/device_prelude.sh --cpu-dry-run {tmp_path / 'out'}; start_mps {tmp_path / 'mps'}; "
               f'echo "rc=$? pipe={pipe}"; stop_mps; echo "after={pipe}"')  # fmt: skip
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": python}
     proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, env=env, timeout=180)

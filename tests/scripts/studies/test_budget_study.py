@@ -1,4 +1,4 @@
-"""scripts/budget_study.py: every arm is the run it claims on the Multi30k budget, rows from the run folders."""
+"""scripts/studies/budget_study.py: every arm is the run it claims on the Multi30k budget, rows from the run folders."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tfx.studies.arms import write_arms
 
 @pytest.fixture(scope="module")
 def bs() -> ModuleType:
-    return load_script("budget_study")
+    return load_script("studies/budget_study")
 
 
 # arm -> (model.norm, init.name, warmup updates, offset decay after the warmup)

@@ -1,4 +1,4 @@
-"""scripts/converged_study.py: the grid's finalists and the choice among them at convergence, mean +- std over
+"""scripts/studies/converged_study.py: the grid's finalists and the choice among them at convergence, mean +- std over
 seeds, and a micro study that trains (grid, then the finalist with patience, continuing its grid run as a fresh
 run would train), decodes, reports and resumes without redoing work. CPU, fp32."""
 
@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import load_script
-from tests.scripts.test_budget_study import small_corpus
+from tests.scripts.studies.test_budget_study import small_corpus
 from tfx.config import compose_config
 from tfx.metrics_log import read_metrics
 from tfx.studies.arms import write_arms
@@ -26,7 +26,7 @@ from tfx.studies.harness import CHECKOUT
 
 @pytest.fixture(scope="module")
 def cs() -> ModuleType:
-    return load_script("converged_study")
+    return load_script("studies/converged_study")
 
 
 def test_the_32k_arm_is_t_fixup_at_32k_target_tokens_per_update(cs: ModuleType, tmp_path: Path) -> None:

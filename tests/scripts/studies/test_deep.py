@@ -85,7 +85,7 @@ def test_checkpointing_gives_the_same_loss_and_gradients_at_200_layers() -> None
 
 @pytest.fixture(scope="module")
 def deep_memory() -> ModuleType:
-    return load_script("deep_memory")
+    return load_script("studies/deep_memory")
 
 
 def test_deep_memory_measures_and_tabulates(deep_memory: ModuleType) -> None:
@@ -103,10 +103,10 @@ def test_deep_memory_measures_and_tabulates(deep_memory: ModuleType) -> None:
 
 @pytest.mark.slow
 def test_deep_check_script_trains_the_deep_experiment(tmp_path) -> None:
-    """``scripts/deep_check.sh`` at a tiny width on CPU: the real ``+experiment=deep`` run, 3 updates."""
+    """``scripts/gpu/deep_check.sh`` at a tiny width on CPU: the real ``+experiment=deep`` run, 3 updates."""
     env = {**os.environ, "DEVICE": "cpu", "D_MODEL": "16", "UPDATES": "3", "MAX_TOKENS": "64", "MEMORY": "0",
            "THREADS": "1"}  # fmt: skip
-    script = REPO / "scripts" / "deep_check.sh"
+    script = REPO / "scripts" / "gpu" / "deep_check.sh"
     result = subprocess.run(["bash", str(script), "out"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "deep run:" in result.stdout
@@ -119,7 +119,7 @@ def test_deep_check_script_trains_the_deep_experiment(tmp_path) -> None:
 
 
 def test_deep_check_script_needs_an_output_folder() -> None:
-    result = subprocess.run(["bash", str(REPO / "scripts" / "deep_check.sh")], capture_output=True, text=True)
+    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu" / "deep_check.sh")], capture_output=True, text=True)
     assert result.returncode == 2 and "usage:" in result.stderr
 
 

@@ -1,4 +1,4 @@
-"""scripts/deep_width_table.py: losses come from the run's log, and the pass criterion is issue 13's."""
+"""scripts/studies/deep_width_table.py: losses come from the run's log, and the pass criterion is issue 13's."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tfx.model import Transformer
 
 @pytest.fixture(scope="module")
 def dw() -> ModuleType:
-    return load_script("deep_width_table")
+    return load_script("studies/deep_width_table")
 
 
 LOG = """\

@@ -1,4 +1,5 @@
-"""scripts/depth_study.py: every arm is the run it claims, rows come from metrics.jsonl, a micro study end to end."""
+"""scripts/studies/depth_study.py: every arm is the run it claims, rows come from metrics.jsonl, a micro study end to
+end."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def ds() -> ModuleType:
-    return load_script("depth_study")
+    return load_script("studies/depth_study")
 
 
 # arm -> (model.norm, init.name, optim.name, warmup over 200 updates)

@@ -1,4 +1,4 @@
-"""scripts/norm_vs_depth.py reproduces the published linearized-block table exactly."""
+"""scripts/studies/norm_vs_depth.py reproduces the published linearized-block table exactly."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ PUBLISHED = {  # (scheme, N) -> "%.4e" of mean row norm out / in
 
 @pytest.fixture(scope="module")
 def nvd() -> ModuleType:
-    return load_script("norm_vs_depth")
+    return load_script("studies/norm_vs_depth")
 
 
 @pytest.mark.parametrize(("scheme", "n"), list(PUBLISHED))

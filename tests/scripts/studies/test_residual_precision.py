@@ -1,4 +1,4 @@
-"""scripts/residual_precision.py: emulated bf16 rounding moves the output, a bf16 residual stream moves it more,
+"""scripts/studies/residual_precision.py: emulated bf16 rounding moves the output, a bf16 residual stream moves it more,
 and the emulation leaves torch as it found it. CPU, fp32 (bf16 rounding emulated)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tfx.model import residual, transformer
 def test_a_bf16_residual_stream_adds_error_to_autocasts_and_the_patches_are_undone(
     capsys: pytest.CaptureFixture,
 ) -> None:
-    rp = load_script("residual_precision")
+    rp = load_script("studies/residual_precision")
     originals = F.linear, residual.Residual.forward, transformer.TokenEmbedding.forward
     rp.main(["--depths", "4", "--d-model", "32", "--batch", "2", "--length", "6", "--vocab", "50", "--threads", "1"])
     row = capsys.readouterr().out.splitlines()[-1]
