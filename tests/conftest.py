@@ -61,14 +61,15 @@ def shared_data() -> Path:
 
 
 def load_script(name: str) -> ModuleType:
-    """Import ``scripts/<name>.py`` as a module (scripts are not part of the package), with scripts/ on the path as
-    when it runs as a file (for its `import _require_tfx`)."""
-    if str(REPO / "scripts") not in sys.path:
-        sys.path.append(str(REPO / "scripts"))
+    """Import ``scripts/<name>.py`` (``name`` as ``bench/bench_train``) as a module named by its file (scripts are not
+    part of the package), with its folder on the path as when it runs as a file (for its `import _require_tfx`)."""
     path = REPO / "scripts" / f"{name}.py"
-    if (loaded := sys.modules.get(name)) is not None and Path(getattr(loaded, "__file__", "")) == path:
-        return loaded  # imported already (by a script that imports it): one module, as when the scripts run
-    spec = importlib.util.spec_from_file_location(name, path)
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    module_name = path.stem
+    if (loaded := sys.modules.get(module_name)) is not None and Path(getattr(loaded, "__file__", "")) == path:
+        return loaded  # loaded already by another test module: one module, as when the script runs
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
     spec.loader.exec_module(module)

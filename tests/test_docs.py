@@ -105,7 +105,8 @@ def test_the_checks_see_what_the_docs_name() -> None:
     """The patterns find the real names (an empty match would pass the checks above for nothing)."""
     texts = [p.read_text() for p in doc_files()]
     blocks = "\n".join(b for t in texts for b in command_blocks(t))
-    assert {"scripts/depth_study.py", "scripts/eval_bleu.sh", "scripts/gpu_check.sh"} <= set(SCRIPT.findall(blocks))
+    named_scripts = {"scripts/studies/depth_study.py", "scripts/eval_bleu.sh", "scripts/gpu/gpu_check.sh"}
+    assert named_scripts <= set(SCRIPT.findall(blocks))
     assert {"tfx.train", "tfx.average", "tfx.evaluate", "tfx.diagnostics"} <= set(MODULE.findall(blocks))
     named = {(g, n) for t in texts for g, names in GROUP.findall(t) for n in names.split(",")}
     assert {("experiment", "iwslt14_reference"), ("experiment", "deep_postln"), ("method", "deepnorm")} <= named

@@ -3,7 +3,7 @@
 The forward pass below follows fairseq 0.12.2's conventions (decoder starts from ``</s>``, learned positions
 at ``padding_idx + 1 + t``, Post-LN layers under fairseq's parameter names) on the converted state dict
 alone, so a wrong row, name or offset shows here without fairseq installed; the slow test in
-``tests/scripts/test_bench_decode.py`` runs fairseq itself.
+``tests/scripts/bench/test_bench_decode.py`` runs fairseq itself.
 """
 
 from __future__ import annotations

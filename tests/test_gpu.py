@@ -1,7 +1,7 @@
 """The CUDA path: bf16 and fp16 steps, resume equal to an uninterrupted run, translate, 1-GPU torchrun.
 
 Marked ``gpu``: skipped without CUDA (tests/conftest.py), run with ``pytest -m gpu`` or
-``scripts/gpu_check.sh``. ``TFX_GPU_TEST_DEVICE=cpu`` runs the same tests on CPU, which checks the
+``scripts/gpu/gpu_check.sh``. ``TFX_GPU_TEST_DEVICE=cpu`` runs the same tests on CPU, which checks the
 tests themselves on a machine without a GPU (fp16 autocast and GradScaler exist on CPU too).
 """
 

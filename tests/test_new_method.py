@@ -90,7 +90,7 @@ def test_a_plugin_method_composes_builds_and_initializes(plugin: Path) -> None:
 
 def test_a_plugin_method_is_an_arm_of_the_converged_study(plugin: Path, capsys: pytest.CaptureFixture) -> None:
     """Its YAML's warmup_free keeps its grid at warmup 0 (2 lrs x 2 dropouts), as T-Fixup's."""
-    cs: ModuleType = load_script("converged_study")
+    cs: ModuleType = load_script("studies/converged_study")
     argv = [f"hydra.searchpath=[file://{plugin}]", "--out", str(plugin / "study"), "--dry-run", "--arms", "throwaway",
             "postln"]  # fmt: skip
     assert cs.main(argv) == 0

@@ -24,6 +24,7 @@ from tfx.init import SCHEMES, apply_init
 from tfx.model import Transformer, build_model
 from tfx.optim import build_optimizer
 from tfx.precision import Precision
+from tfx.step import Stepper
 
 # Ranks start from identical weights (the init is seeded with train.seed on every rank), then
 # draw different dropout masks: rank r > 0 reseeds its stream with seed + r * this stride.
@@ -88,15 +89,45 @@ def place_and_optimize(
     return precision, build_optimizer(model, cfg.optim, device)
 
 
-def wrap(model: Transformer, t: TrainConfig, dist: DistInfo, device: torch.device, packed: bool = False) -> nn.Module:
+def wrap(
+    model: Transformer,
+    t: TrainConfig,
+    dist: DistInfo,
+    device: torch.device,
+    packed: bool = False,
+    backend: str = "inductor",
+) -> nn.Module:
     """What the step calls: the model compiled (``train.compile``, ``tfx.compilation``) and/or inside DDP
     (FSDP shards in place instead). Packed batches have one shape per run: static graphs, compiled once.
-    Padded ones change shape every step, so they compile with symbolic shapes."""
-    net: nn.Module = compile_for_training(model, t.compile_scope, dynamic=not packed) if t.compile else model
+    Padded ones change shape every step, so they compile with symbolic shapes. ``backend``: torch.compile's
+    (a benchmark's ``eager`` traces only: a quick dry run on CPU)."""
+    net: nn.Module = model
+    if t.compile:
+        net = compile_for_training(model, t.compile_scope, dynamic=not packed, backend=backend)
     if dist.enabled and not sharding.is_sharded(model):
         ids = [device.index] if device.type == "cuda" else None
         net = nn.parallel.DistributedDataParallel(net, device_ids=ids)
     return net
+
+
+def fresh_stepper(
+    cfg: Config,
+    vocab_size: int,
+    device: torch.device,
+    first_batch: Callable[[], Batch],
+    packed: bool = False,
+    backend: str = "inductor",
+) -> Stepper:
+    """What a fresh single-process run steps with, built by the functions above in ``Trainer``'s order (seed ->
+    model -> init -> place -> optimizer -> wrap). ``scripts/bench/bench_train.py`` times this, so a change to the
+    build order changes what it times too (tests/scripts/bench/test_bench_train.py checks it against ``Trainer``)."""
+    seed_everything(cfg.train)
+    model = initialized_model(cfg, vocab_size, True, first_batch)
+    single = DistInfo()
+    reseed_dropout(cfg.train.seed, single.rank)
+    precision, optimizer = place_and_optimize(model, cfg, device)
+    net = wrap(model, cfg.train, single, device, packed=packed, backend=backend)
+    return Stepper(model, net, optimizer, precision, cfg.optim, device, single.world_size)
 
 
 def output_probe(

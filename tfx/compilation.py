@@ -12,7 +12,7 @@ eagerly inside ``eager()``: decoding changes shape every step, the statistics ho
 would otherwise be a recompile of a layer graph.
 
 ``compile_counts`` and ``compile_problems`` read what dynamo did (graphs, frames, graph breaks) and say what
-is wrong with it: ``scripts/bench_train.py`` prints their warnings beside its figures, and CI's inductor check
+is wrong with it: ``scripts/bench/bench_train.py`` prints their warnings beside its figures, and CI's inductor check
 (tests/test_compilation.py) asserts there are none.
 """
 

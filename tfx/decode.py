@@ -21,7 +21,7 @@ Conventions follow fairseq's ``SequenceGenerator`` so that BLEU numbers are comp
 * Log-probabilities are fp32 even under bf16 autocast.
 
 ``use_cache=False`` recomputes the whole prefix at every step: a slow reference for tests and
-``scripts/bench_decode.py``.
+``scripts/bench/bench_decode.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A Post-LN tfx model in fairseq 0.12.2's ``transformer`` format, so ``fairseq-generate`` runs the same network.
 
-Used by ``scripts/bench_decode.py --peer`` to time fairseq's beam search on exactly tfx's weights. Everything
-here is plain torch (no fairseq import); ``scripts/fairseq_convert.py``, run by fairseq's own Python, builds
+Used by ``scripts/bench/bench_decode.py --peer`` to time fairseq's beam search on exactly tfx's weights. Everything
+here is plain torch (no fairseq import); ``scripts/bench/fairseq_convert.py``, run by fairseq's own Python, builds
 fairseq's model from ``fairseq_arch_args`` and loads ``fairseq_state_dict`` into it with ``strict=True``.
 
 What has to line up (read from fairseq 0.12.2's ``Dictionary``, ``LearnedPositionalEmbedding``,

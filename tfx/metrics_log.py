@@ -1,7 +1,7 @@
 """``<run>/metrics.jsonl``: each update's train metrics, each validation and how the run ended, a JSON object a line.
 
 TensorBoard keeps scalars every ``train.log_every_updates`` and needs its event parser to read them back;
-this file is the run's own plain record, for scripts (``scripts/depth_study.py``) and users alike:
+this file is the run's own plain record, for scripts (``scripts/studies/depth_study.py``) and users alike:
 
     {"event": "update", "step": 1, "epoch": 1, "train/loss": 8.1, "train/lr": 0.0005, ...}
     {"event": "valid", "step": 200, "valid/loss": 3.2, "valid/bleu": 41.0, ...}

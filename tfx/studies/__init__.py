@@ -1,5 +1,8 @@
-"""What the studies in ``scripts/`` share: the arms (a method plus overrides) and one study's harness.
+"""What the studies in ``scripts/studies/`` share: the arms, one study's harness and run queue, the converged study's
+run layout and report, and the look of the figures drawn from docs/ tables.
 
-``scripts/depth_study.py`` (methods x depth) and ``scripts/budget_study.py`` (methods at a fixed
-CPU budget) import it as part of the installed package (``pip install -e .``), not from each other.
+``arms`` (a method plus overrides), ``harness`` (record, runs, train-or-replot), ``queue`` (slots for dependent runs),
+``converged_runs`` (where a converged study keeps its runs and what they hold), ``converged_report`` (its table and
+figures, from the folder alone: ``--replot``), ``doc_figures`` (``scripts/figures/``' shared row reader and finish).
+The scripts import these as part of the installed package (``pip install -e .``), never from each other.
 """

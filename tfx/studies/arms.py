@@ -21,10 +21,10 @@ Arm = tuple[str, list[str]]  # (method, what the arm sets besides it)
 # The arms that are a method and more. Each arm becomes <out>/arms/arm/<name>.yaml, swept as +arm=...
 EXTRA_ARMS: dict[str, Arm] = {
     "tfixup_radam": ("tfixup", ["optim.name=radam"]),
-    # Post-LN's warmup, then T-Fixup's decay (scripts/budget_study.py: separates the init from the schedule)
+    # Post-LN's warmup, then T-Fixup's decay (scripts/studies/budget_study.py: separates the init from the schedule)
     "postln_tfixup_lr": ("postln", ["optim.offset_decay=true"]),
     # the large-batch recipe for GPU throughput (issue 25): 32k target tokens per update, 16x the multi30k
-    # experiment's; its lr is the study's to choose (scripts/converged_study.py --lrs)
+    # experiment's; its lr is the study's to choose (scripts/studies/converged_study.py --lrs)
     "tfixup_32k": ("tfixup", ["data.max_tokens=32768"]),
 }
 
