@@ -1,7 +1,7 @@
 """A corpus of any size from a small one: its sentence pairs joined 1-3 at a time, for measuring scale.
 
 WMT-sized corpora are not on every machine; a generated one with real sentences, real length spread and a
-real vocabulary measures what the data path costs at 4.5M pairs (``scripts/bench_data.py``). The pairs are
+real vocabulary measures what the data path costs at 4.5M pairs (``scripts/bench/bench_data.py``). The pairs are
 drawn with a seeded generator, so the same arguments write the same files.
 """
 
