@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from tfx.model import Transformer
+from tfx.model import ModelConfig, Transformer
 
 # Tests run tiny models: one thread avoids oversubscription (and 10x slowdowns on a busy 2-core box).
 torch.set_num_threads(1)
@@ -41,7 +41,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def tiny_model(norm: str = "none", enc: int = 2, dec: int = 2, d: int = 32, **kw) -> Transformer:
     kw = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0, **kw}
-    return Transformer(VOCAB, PAD, enc, dec, d_model=d, ffn_dim=2 * d, heads=4, norm=norm, **kw)
+    return Transformer(
+        ModelConfig(encoder_layers=enc, decoder_layers=dec, d_model=d, ffn_dim=2 * d, heads=4, norm=norm, **kw),
+        VOCAB,
+        PAD,
+    )
 
 
 def random_batch(b: int = 3, s: int = 7, t: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

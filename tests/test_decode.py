@@ -23,7 +23,7 @@ from tfx.decode import (
     score_sequences,
     translate_sentences,
 )
-from tfx.model import Transformer
+from tfx.model import ModelConfig, Transformer
 
 NEG_INF = float("-inf")
 
@@ -128,7 +128,13 @@ def test_beam_covering_every_prefix_is_exhaustive() -> None:
     holds every prefix, so beam search must return all 84 possible hypotheses, ranked exactly as
     brute-force scoring ranks them."""
     torch.manual_seed(0)
-    model = Transformer(7, PAD, 1, 1, d_model=16, ffn_dim=32, heads=2, dropout=0.0).eval().double()
+    model = (
+        Transformer(
+            ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, ffn_dim=32, heads=2, dropout=0.0), 7, PAD
+        )
+        .eval()
+        .double()
+    )
     src = torch.tensor([[4, 5, 6, EOS]])
     lenpen = 0.7
     nbest = beam_search_nbest(model, src, beam=128, lenpen=lenpen, max_len_a=0, max_len_b=3)[0]

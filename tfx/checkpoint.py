@@ -97,14 +97,14 @@ def _why_unreadable(err: Exception) -> str:
 
 def build_from_checkpoint(ckpt: dict[str, Any], device: str | torch.device = "cpu"):
     """(model in eval mode, tokenizer, config dict) from a loaded checkpoint."""
-    from tfx.config import ModelConfig, import_plugins
+    from tfx.config import import_plugins
     from tfx.data import PAD, Tokenizer, check_vocab
     from tfx.model import build_model
 
     tokenizer = Tokenizer.from_bytes(ckpt["spm_model"])
     check_vocab(tokenizer, ckpt["vocab_size"], "checkpoint")
     import_plugins(ckpt["config"].get("plugins"))  # a residual kind from outside tfx
-    model_cfg = ModelConfig(**ckpt["config"]["model"])
-    model = build_model(model_cfg, ckpt["vocab_size"], PAD)
+    # a dict of ModelConfig's fields; one written before a field existed rebuilds with its default, as then
+    model = build_model(ckpt["config"]["model"], ckpt["vocab_size"], PAD)
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), tokenizer, ckpt["config"]

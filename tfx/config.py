@@ -4,6 +4,8 @@ Every field carries a one-line doc comment; ``__post_init__`` checks what a typo
 bad sweep value would otherwise turn into a confusing failure deep inside training.
 Hydra validates types and unknown keys against these classes (registered in
 ``register_configs``); model, data and init code receive plain values, never Hydra.
+``ModelConfig`` is defined beside the model (``tfx.model.config``), which takes it whole; it is
+named here too, as the run's ``model`` section.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tfx.init import SCHEMES, check_fits
-from tfx.model.residual import RESIDUALS
+from tfx.model.config import ModelConfig
 from tfx.optim import OPTIMIZERS
 
 DATA_SOURCES = ("toy", "local", "hub")
@@ -125,44 +127,6 @@ class DataConfig:
         )
         sizes = (self.toy_train_size, self.toy_valid_size, self.toy_test_size)
         _require(min(sizes) >= 0, "data.toy_*_size must be >= 0")
-
-
-@dataclass
-class ModelConfig:
-    """Encoder-decoder Transformer shape (fairseq ``transformer_iwslt_de_en`` names)."""
-
-    encoder_layers: int = 6  # encoder depth N_enc
-    decoder_layers: int = 6  # decoder depth N_dec
-    d_model: int = 512  # embedding / residual width
-    ffn_dim: int = 1024  # FFN hidden width
-    heads: int = 4  # attention heads (d_model % heads == 0)
-    norm: str = "none"  # residual kind: a key of tfx.model.residual.RESIDUALS (set by conf/method/)
-    dropout: float = 0.3  # dropout on embeddings, residual branches
-    attention_dropout: float = 0.1  # dropout on attention probabilities
-    activation_dropout: float = 0.1  # dropout after the FFN ReLU
-    share_decoder_embeddings: bool = True  # tie decoder input and output embeddings
-    share_all_embeddings: bool = False  # one embedding for encoder, decoder and output
-    max_positions: int = 1024  # longest sequence the sinusoidal table covers
-    checkpoint_activations: bool = False  # recompute each layer in backward to save memory
-    # norm=dyt: alpha of every DyT(x) = weight * tanh(alpha * x) + bias at init (the reference's 0.5 for
-    # non-LLM models; its issues #6 and #18: alpha init and lr matter); other kinds ignore it
-    dyt_alpha: float = 0.5
-    # norm=rezero: one resweight per layer, shared by its sublayers, as majumderb/rezero's rztx.py layers hold it;
-    # false: one per sublayer. Other kinds ignore it
-    rezero_shared: bool = True
-
-    def __post_init__(self) -> None:
-        _require(self.encoder_layers >= 1 and self.decoder_layers >= 1, "model.*_layers must be >= 1")
-        _require(self.d_model > 0 and self.ffn_dim > 0 and self.heads > 0, "model sizes must be positive")
-        _require(
-            self.d_model % self.heads == 0,
-            f"model.d_model={self.d_model} must be divisible by model.heads={self.heads}",
-        )
-        _require(self.norm in RESIDUALS, f"model.norm={self.norm!r}: use one of {tuple(RESIDUALS)}")
-        _require(self.dyt_alpha > 0, f"model.dyt_alpha={self.dyt_alpha} must be positive")
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
-            value = getattr(self, name)
-            _require(0.0 <= value < 1.0, f"model.{name}={value} must be in [0, 1)")
 
 
 @dataclass

@@ -53,7 +53,7 @@ from tfx.fairseq_format import (
     tfx_to_fairseq,
 )
 from tfx.init import apply_init
-from tfx.model import Transformer, build_model
+from tfx.model import ModelConfig, Transformer, build_model
 from tfx.translate import load_model, read_text_lines
 
 MULTI30K = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
@@ -90,7 +90,8 @@ def random_setup(args: argparse.Namespace, device: torch.device):
     """An untrained model and random sources of 8-40 tokens: measures the decoder, not the translations."""
     torch.manual_seed(0)
     d, n_layers = args.d_model, args.layers
-    model = Transformer(args.vocab, PAD, n_layers, n_layers, d_model=d, ffn_dim=2 * d, heads=4, dropout=0.0)
+    cfg = ModelConfig(encoder_layers=n_layers, decoder_layers=n_layers, d_model=d, ffn_dim=2 * d, heads=4, dropout=0.0)
+    model = Transformer(cfg, args.vocab, PAD)
     model = model.to(device).eval()
     g = torch.Generator().manual_seed(0)
     n = args.limit or 200

@@ -54,7 +54,7 @@ from tfx.criterion import label_smoothed_loss
 from tfx.diagnostics import random_tokens
 from tfx.distributed import DeviceError, resolve_device
 from tfx.init import apply_init
-from tfx.model import Transformer
+from tfx.model import ModelConfig, Transformer
 
 PAD = 1  # any id: the random batch has no padding
 MB = 2**20
@@ -76,10 +76,11 @@ def peak_rss_mb() -> float:
 
 def build(layers: int, d_model: int, ffn_dim: int, heads: int, vocab: int, checkpoint: bool) -> Transformer:
     """The deep experiment's model (conf/model/deep.yaml) at the given width, T-Fixup-initialized."""
-    model = Transformer(
-        vocab, PAD, layers, layers, d_model=d_model, ffn_dim=ffn_dim, heads=heads, norm="none",
+    cfg = ModelConfig(
+        encoder_layers=layers, decoder_layers=layers, d_model=d_model, ffn_dim=ffn_dim, heads=heads, norm="none",
         dropout=0.3, attention_dropout=0.0, activation_dropout=0.0, checkpoint_activations=checkpoint,
     )  # fmt: skip
+    model = Transformer(cfg, vocab, PAD)
     apply_init(model, "tfixup", seed=1)
     return model
 
@@ -133,8 +134,9 @@ def time_build(args: argparse.Namespace) -> dict[str, Any]:
     """Seconds to construct a 200+200 model and to T-Fixup-initialize it, in this (fresh) process."""
     torch.set_num_threads(args.threads)
     tic = time.perf_counter()
-    model = Transformer(args.vocab, PAD, args.layers, args.layers, d_model=args.d_model, ffn_dim=args.ffn_dim,
-                        heads=args.heads, norm="none")  # fmt: skip
+    cfg = ModelConfig(encoder_layers=args.layers, decoder_layers=args.layers, d_model=args.d_model,
+                      ffn_dim=args.ffn_dim, heads=args.heads, norm="none")  # fmt: skip
+    model = Transformer(cfg, args.vocab, PAD)
     built = time.perf_counter()
     apply_init(model, "tfixup", seed=1)
     done = time.perf_counter()

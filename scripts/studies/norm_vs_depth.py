@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 # Run as a plain file from a checkout without `pip install -e .`: make the repo root importable.
 from tfx.init import apply_init, tfixup_encoder_scale
-from tfx.model import Transformer
+from tfx.model import ModelConfig, Transformer
 
 SCHEMES = ("xavier", "tfixup")
 # method -> (residual kind, init scheme), as conf/method/<name>.yaml sets them
@@ -86,9 +86,7 @@ def linearized_ratio(n_layers: int, scheme: str, d: int = 32, samples: int = 64)
 def encoder_ratio(n_layers: int, scheme: str, d: int = 32, heads: int = 4, norm: str = "none") -> float:
     """Mean row norm out / in of tfx's real ``EncoderLayer`` stack of residual kind ``norm``, initialized by
     tfx's scheme."""
-    model = Transformer(
-        vocab_size=8,
-        pad_id=0,
+    cfg = ModelConfig(
         encoder_layers=n_layers,
         decoder_layers=1,
         d_model=d,
@@ -99,6 +97,7 @@ def encoder_ratio(n_layers: int, scheme: str, d: int = 32, heads: int = 4, norm:
         attention_dropout=0.0,
         activation_dropout=0.0,
     )
+    model = Transformer(cfg, vocab_size=8, pad_id=0)
     apply_init(model, scheme, seed=0)
     model.eval()
     torch.manual_seed(1)

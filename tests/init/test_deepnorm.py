@@ -10,7 +10,7 @@ import torch
 from tests.conftest import tiny_model
 from tests.init.test_schemes import DEC_SCALED, ENC_SCALED, xavier_std
 from tfx.init import apply_init, deepnorm_beta
-from tfx.model.residual import DeepNorm, deepnorm_alpha
+from tfx.model.residual import DeepNorm, ResidualContext, deepnorm_alpha
 
 
 def test_alpha_beta_literal_values() -> None:
@@ -32,7 +32,7 @@ def test_alpha_depends_on_both_depths_and_side() -> None:
 
 
 def test_forward_is_layer_norm_of_alpha_skip_plus_branch() -> None:
-    block = DeepNorm(8, 0.0, "encoder", 6, 6)
+    block = DeepNorm(ResidualContext(side="encoder", layer=0, n_enc=6, n_dec=6, d_model=8, dropout=0.0))
     x = torch.randn(2, 3, 8)
     expected = torch.nn.functional.layer_norm(deepnorm_alpha("encoder", 6, 6) * x + 2 * x, (8,))
     torch.testing.assert_close(block(x, lambda h: 2 * h), expected)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tfx.model import Transformer
+from tfx.model import ModelConfig, Transformer
 from tfx.model.dropout import Dropout, dropout, keep_mask
 
 
@@ -63,7 +63,18 @@ class _OpNames(TorchDispatchMode):
 def test_training_step_on_cpu_draws_no_per_element_bernoulli():
     """torch's CPU ``bernoulli_`` is per-element mt19937 on non-Intel CPUs: the model must not call it."""
     model = Transformer(
-        50, 0, 2, 2, d_model=16, ffn_dim=32, heads=2, dropout=0.3, attention_dropout=0.0, activation_dropout=0.1
+        ModelConfig(
+            encoder_layers=2,
+            decoder_layers=2,
+            d_model=16,
+            ffn_dim=32,
+            heads=2,
+            dropout=0.3,
+            attention_dropout=0.0,
+            activation_dropout=0.1,
+        ),
+        50,
+        0,
     )
     src, prev = torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 6))
     with _OpNames() as ops:

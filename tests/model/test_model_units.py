@@ -54,18 +54,26 @@ def test_refusals_name_the_setting() -> None:
         MultiheadAttention(30, 4)
 
 
-def test_transformer_defaults_are_the_config_defaults() -> None:
-    """Two places state the base model's shape; they must agree. A residual kind's own option (``dyt_alpha``)
-    is a parameter of the kinds that declare it, not of ``Transformer``."""
-    params = inspect.signature(Transformer.__init__).parameters
-    for field in dataclasses.fields(ModelConfig):
-        if field.name in params:
-            assert params[field.name].default == field.default, field.name
-            continue
-        kinds = [cls for cls in RESIDUALS.values() if field.name in cls.options]
-        assert kinds, f"{field.name}: neither a Transformer argument nor a residual kind's option"
-        for cls in kinds:
-            assert inspect.signature(cls.__init__).parameters[field.name].default == field.default, field.name
+def test_a_kinds_options_live_in_the_config_only() -> None:
+    """A kind's own setting (``dyt_alpha``) is one ``ModelConfig`` field, with its one default there: the kind names
+    it in ``options`` and takes it as a keyword argument without a default of its own."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    for cls in RESIDUALS.values():
+        for name in cls.options:
+            assert name in fields, f"{cls.__name__}.options names {name}, which is no ModelConfig field"
+            param = inspect.signature(cls.__init__).parameters[name]
+            assert param.kind is param.KEYWORD_ONLY and param.default is param.empty, (cls.__name__, name)
+    assert set(inspect.signature(Transformer.__init__).parameters) == {"self", "cfg", "vocab_size", "pad_id"}
+
+
+def test_an_old_checkpoints_model_fields_rebuild_with_the_defaults_of_newer_ones() -> None:
+    """A checkpoint's ``config["model"]`` written before a field existed lacks it: the default stands in; a field
+    the schema does not know is refused by name."""
+    fields = dataclasses.asdict(ModelConfig(norm="rezero", d_model=16, heads=2))
+    del fields["rezero_shared"], fields["dyt_alpha"]
+    assert ModelConfig.from_fields(fields) == ModelConfig(norm="rezero", d_model=16, heads=2)
+    with pytest.raises(ValueError, match=r"unknown fields \['depth'\]"):
+        ModelConfig.from_fields({**fields, "depth": 3})
 
 
 def test_build_model_takes_a_config_or_its_dict() -> None:

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from tfx.model import EncoderLayer
-from tfx.model.residual import make_residual
+from tfx.model.config import ModelConfig
+from tfx.model.residual import ResidualContext, make_residual
 
 
 def _copy_into_torch(ours: EncoderLayer, ref: nn.TransformerEncoderLayer) -> None:
@@ -28,7 +29,8 @@ def _copy_into_torch(ours: EncoderLayer, ref: nn.TransformerEncoderLayer) -> Non
 def test_encoder_layer_matches_torch(norm: str, norm_first: bool) -> None:
     torch.manual_seed(0)
     d, heads, ffn = 32, 4, 64
-    residual = functools.partial(make_residual, norm, d, 0.0, "encoder", 1, 1)
+    cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=d, ffn_dim=ffn, heads=heads, norm=norm, dropout=0.0)
+    residual = functools.partial(make_residual, cfg, ResidualContext.of(cfg, "encoder", 0))
     ours = EncoderLayer(d, heads, ffn, residual, attention_dropout=0.0, activation_dropout=0.0).eval()
     for p in ours.parameters():  # non-trivial LayerNorm and bias values
         nn.init.normal_(p, std=0.3)

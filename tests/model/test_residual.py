@@ -1,4 +1,5 @@
-"""Each residual kind's arithmetic, written out by hand, and the factory wiring inside a Transformer."""
+"""Each residual kind's arithmetic, written out by hand, and the factory wiring inside a Transformer: a kind gets
+where it sits (``ResidualContext``) and its own options from the ``ModelConfig``."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ from tfx.model.residual import (
     PostLN,
     PreLN,
     Residual,
+    ResidualContext,
     ReZero,
     deepnorm_alpha,
+    final_norm,
+    kind_options,
     make_residual,
 )
 
@@ -53,6 +57,13 @@ def affine(t: Tensor) -> Tensor:
 X = torch.randn(2, 3, D, generator=torch.Generator().manual_seed(0))
 
 
+def residual(kind: str, d: int, dropout: float, side: str, n_enc: int, n_dec: int, **options) -> Residual:
+    """The connection of kind ``kind`` at layer 0 of ``side`` in an n_enc + n_dec model of width ``d``; ``options``:
+    the config's fields for the kind (``dyt_alpha``). The context is built by hand so dropout may be 1."""
+    cfg = ModelConfig(encoder_layers=n_enc, decoder_layers=n_dec, d_model=d, heads=1, norm=kind, **options)
+    return make_residual(cfg, ResidualContext(side, 0, n_enc, n_dec, d, dropout))
+
+
 @pytest.mark.parametrize(
     ("kind", "expected"),
     [
@@ -63,12 +74,12 @@ X = torch.randn(2, 3, D, generator=torch.Generator().manual_seed(0))
     ],
 )
 def test_each_kind_computes_its_formula(kind: str, expected) -> None:
-    block = with_affine(make_residual(kind, D, 0.0, "decoder", 2, 3))
+    block = with_affine(residual(kind, D, 0.0, "decoder", 2, 3))
     torch.testing.assert_close(block(X, branch), expected(X))
 
 
 def test_admin_weights_the_skip_path_by_omega() -> None:
-    block = with_affine(make_residual("admin", D, 0.0, "encoder", 2, 3))
+    block = with_affine(residual("admin", D, 0.0, "encoder", 2, 3))
     omega = torch.linspace(1.0, 3.0, D)
     with torch.no_grad():
         block.omega.copy_(omega)
@@ -77,13 +88,13 @@ def test_admin_weights_the_skip_path_by_omega() -> None:
 
 
 def test_dropout_applies_to_the_branch_only() -> None:
-    block = make_residual("none", D, 1.0, "encoder", 1, 1).train()  # p = 1 zeroes every branch output
+    block = residual("none", D, 1.0, "encoder", 1, 1).train()  # p = 1 zeroes every branch output
     torch.testing.assert_close(block(X, branch), X)
 
 
 def test_the_factory_builds_the_registered_class_with_its_depths() -> None:
     kinds = ("none", "post", "pre", "deepnorm", "admin", "dyt", "rezero", "fixup")
-    assert [type(make_residual(k, D, 0.1, "encoder", 6, 6)) for k in kinds] == [
+    assert [type(residual(k, D, 0.1, "encoder", 6, 6)) for k in kinds] == [
         Residual,
         PostLN,
         PreLN,
@@ -94,9 +105,9 @@ def test_the_factory_builds_the_registered_class_with_its_depths() -> None:
         Fixup,
     ]
     assert set(kinds) <= set(RESIDUALS)  # the kinds of tfx/model/residual.py; a plugin's may join them
-    block = make_residual("deepnorm", D, 0.25, "encoder", 6, 12)
+    block = residual("deepnorm", D, 0.25, "encoder", 6, 12)
     assert block.alpha == pytest.approx(0.81 * (6**4 * 12) ** (1 / 16)) and block.dropout.p == 0.25
-    assert make_residual("deepnorm", D, 0.0, "decoder", 6, 12).alpha == pytest.approx(36 ** (1 / 4))
+    assert residual("deepnorm", D, 0.0, "decoder", 6, 12).alpha == pytest.approx(36 ** (1 / 4))
 
 
 @pytest.mark.parametrize(
@@ -115,13 +126,17 @@ def test_deepnorm_alpha_literal_values(side: str, n_enc: int, n_dec: int, alpha:
 
 
 def test_transformer_gives_every_block_its_side_and_both_depths() -> None:
-    model = Transformer(VOCAB, PAD, encoder_layers=2, decoder_layers=3, d_model=8, ffn_dim=8, heads=2, norm="deepnorm")
+    model = Transformer(
+        ModelConfig(encoder_layers=2, decoder_layers=3, d_model=8, ffn_dim=8, heads=2, norm="deepnorm"), VOCAB, PAD
+    )
     encoder_blocks = [m for layer in model.encoder.layers for m in layer.modules() if isinstance(m, DeepNorm)]
     decoder_blocks = [m for layer in model.decoder.layers for m in layer.modules() if isinstance(m, DeepNorm)]
     assert len(encoder_blocks) == 2 * 2 and len(decoder_blocks) == 3 * 3
     assert [b.alpha for b in encoder_blocks] == pytest.approx([0.81 * (2**4 * 3) ** (1 / 16)] * 4)
     assert [b.alpha for b in decoder_blocks] == pytest.approx([9 ** (1 / 4)] * 9)
-    admin = Transformer(VOCAB, PAD, encoder_layers=1, decoder_layers=1, d_model=8, ffn_dim=8, heads=2, norm="admin")
+    admin = Transformer(
+        ModelConfig(encoder_layers=1, decoder_layers=1, d_model=8, ffn_dim=8, heads=2, norm="admin"), VOCAB, PAD
+    )
     sides = [m.side for m in admin.modules() if isinstance(m, Admin)]
     assert sides == ["encoder"] * 2 + ["decoder"] * 3
 
@@ -129,14 +144,14 @@ def test_transformer_gives_every_block_its_side_and_both_depths() -> None:
 def test_the_default_transformer_is_the_config_default_model() -> None:
     """Built with no arguments but the vocabulary: the shape ModelConfig's defaults describe."""
     cfg = ModelConfig()
-    model = Transformer(VOCAB, PAD)
+    model = Transformer(ModelConfig(), VOCAB, PAD)
     enc, dec = model.encoder, model.decoder
     assert (len(enc.layers), len(dec.layers)) == (cfg.encoder_layers, cfg.decoder_layers)
     assert enc.embedding.embed.embedding_dim == cfg.d_model
     assert enc.layers[0].ffn.fc1.out_features == cfg.ffn_dim
     assert enc.layers[0].self_attn.heads == cfg.heads
     assert (model.norm, model.pad_id, model.vocab_size) == (cfg.norm, PAD, VOCAB)
-    assert type(enc.layers[0].self_attn_block) is type(make_residual(cfg.norm, 8, 0.0, "encoder", 1, 1))
+    assert type(enc.layers[0].self_attn_block) is type(residual(cfg.norm, 8, 0.0, "encoder", 1, 1))
     assert enc.layers[0].self_attn_block.dropout.p == cfg.dropout and enc.embedding.dropout.p == cfg.dropout
     assert enc.layers[0].ffn.activation_dropout.p == cfg.activation_dropout
     assert enc.layers[0].self_attn.dropout == cfg.attention_dropout
@@ -148,7 +163,11 @@ def test_the_default_transformer_is_the_config_default_model() -> None:
 
 
 def test_an_untied_output_projection_has_no_bias() -> None:
-    model = Transformer(VOCAB, PAD, 1, 1, 8, 8, 2, share_decoder_embeddings=False)
+    model = Transformer(
+        ModelConfig(encoder_layers=1, decoder_layers=1, d_model=8, ffn_dim=8, heads=2, share_decoder_embeddings=False),
+        VOCAB,
+        PAD,
+    )
     assert model.decoder.output_projection.bias is None
     assert model.decoder.output_weight() is model.decoder.output_projection.weight
 
@@ -159,7 +178,7 @@ def test_an_untied_output_projection_has_no_bias() -> None:
 def test_dynamic_tanh_is_weight_tanh_alpha_x_plus_bias() -> None:
     """DyT(x) = weight * tanh(alpha * x) + bias for a known input, alpha, weight and bias; at init weight 1,
     bias 0 and alpha the given value (jiachenzhu/DyT's DynamicTanh)."""
-    block = make_residual("dyt", D, 0.0, "encoder", 2, 2, dyt_alpha=0.8).eval()
+    block = residual("dyt", D, 0.0, "encoder", 2, 2, dyt_alpha=0.8).eval()
     dyt = block.norm
     assert dyt.alpha.tolist() == [pytest.approx(0.8)] and dyt.alpha.numel() == 1
     assert torch.equal(dyt.weight, torch.ones(D)) and torch.equal(dyt.bias, torch.zeros(D))
@@ -179,7 +198,11 @@ def test_a_dyt_model_has_no_layer_norm_and_ends_each_stack_with_a_dyt() -> None:
     from tfx.model import has_layer_norm
     from tfx.model.residual import DynamicTanh
 
-    model = Transformer(VOCAB, PAD, 2, 3, d_model=8, ffn_dim=8, heads=2, norm="dyt", dyt_alpha=0.3)
+    model = Transformer(
+        ModelConfig(encoder_layers=2, decoder_layers=3, d_model=8, ffn_dim=8, heads=2, norm="dyt", dyt_alpha=0.3),
+        VOCAB,
+        PAD,
+    )
     assert not has_layer_norm(model)
     dyts = [m for m in model.modules() if isinstance(m, DynamicTanh)]
     assert len(dyts) == 2 * 2 + 3 * 3 + 2  # one per sublayer and one per stack end, as convert_ln_to_dyt leaves
@@ -193,7 +216,11 @@ def test_rezero_layers_are_the_identity_at_init_and_resweight_learns() -> None:
     embeddings through unchanged. The decoder's resweights get a gradient at once; the encoder's only once
     the decoder's encoder-attention is switched on (its resweight != 0), as in the reference."""
     torch.manual_seed(0)
-    model = Transformer(VOCAB, PAD, 2, 3, d_model=8, ffn_dim=16, heads=2, norm="rezero", dropout=0.0)
+    model = Transformer(
+        ModelConfig(encoder_layers=2, decoder_layers=3, d_model=8, ffn_dim=16, heads=2, norm="rezero", dropout=0.0),
+        VOCAB,
+        PAD,
+    )
     src = torch.randint(4, VOCAB, (2, 5))
     tgt = torch.randint(4, VOCAB, (2, 4))
     x = torch.randn(2, 5, 8)
@@ -217,7 +244,9 @@ def test_rezero_layers_are_the_identity_at_init_and_resweight_learns() -> None:
 def test_rezero_sublayers_of_a_layer_share_one_resweight() -> None:
     """One scalar per layer, as RZTXEncoderLayer / RZTXDecoderLayer keep: the same Parameter in every
     block of the layer, another one in the next layer; the optimizer sees each once."""
-    model = Transformer(VOCAB, PAD, 2, 2, d_model=8, ffn_dim=8, heads=2, norm="rezero")
+    model = Transformer(
+        ModelConfig(encoder_layers=2, decoder_layers=2, d_model=8, ffn_dim=8, heads=2, norm="rezero"), VOCAB, PAD
+    )
     enc0, enc1, dec0 = model.encoder.layers[0], model.encoder.layers[1], model.decoder.layers[0]
     assert enc0.self_attn_block.resweight is enc0.ffn_block.resweight
     assert dec0.self_attn_block.resweight is dec0.encoder_attn_block.resweight is dec0.ffn_block.resweight
@@ -237,19 +266,63 @@ def test_rezero_sharing_is_one_model_option() -> None:
     """``model.rezero_shared`` (default true, as above) is ReZero's one setting: false gives each sublayer its own
     resweight; the other kinds refuse no model for it, and an option no kind declares is refused."""
     assert ModelConfig().rezero_shared
-    model = Transformer(VOCAB, PAD, 2, 2, d_model=8, ffn_dim=8, heads=2, norm="rezero", rezero_shared=False)
+    model = Transformer(
+        ModelConfig(
+            encoder_layers=2, decoder_layers=2, d_model=8, ffn_dim=8, heads=2, norm="rezero", rezero_shared=False
+        ),
+        VOCAB,
+        PAD,
+    )
     enc0, dec0 = model.encoder.layers[0], model.decoder.layers[0]
     assert enc0.self_attn_block.resweight is not enc0.ffn_block.resweight
     assert dec0.self_attn_block.resweight is not dec0.encoder_attn_block.resweight
     assert len([n for n, _ in model.named_parameters() if n.endswith("resweight")]) == 10
-    Transformer(VOCAB, PAD, 1, 1, d_model=8, ffn_dim=8, heads=2, norm="post", rezero_shared=False)
-    with pytest.raises(TypeError, match="unknown residual options"):
-        Transformer(VOCAB, PAD, 1, 1, d_model=8, ffn_dim=8, heads=2, norm="dyt", dyt_alhpa=0.3)
+    Transformer(
+        ModelConfig(
+            encoder_layers=1, decoder_layers=1, d_model=8, ffn_dim=8, heads=2, norm="post", rezero_shared=False
+        ),
+        VOCAB,
+        PAD,
+    )
+    with pytest.raises(TypeError, match="dyt_alhpa"):  # a misspelt option is no ModelConfig field
+        ModelConfig(norm="dyt", dyt_alhpa=0.3)
+
+
+def test_a_kind_gets_where_it_sits_and_only_its_own_options() -> None:
+    """Each connection's context names its side, its layer and both depths; the stack's end gets the depth as its
+    layer. A kind's constructor receives the config fields it names in ``options`` and no other."""
+    seen: list[tuple[ResidualContext, dict]] = []
+
+    class Spy(ReZero):
+        def __init__(self, at: ResidualContext, **options) -> None:
+            seen.append((at, options))
+            super().__init__(at, **options)
+
+        @classmethod
+        def final_module(cls, at: ResidualContext, **options) -> torch.nn.Module:
+            seen.append((at, options))
+            return torch.nn.Identity()
+
+    cfg = ModelConfig(encoder_layers=2, decoder_layers=3, d_model=8, ffn_dim=8, heads=2, norm="rezero", dropout=0.2)
+    assert kind_options(Spy, cfg) == {"rezero_shared": True} and kind_options(DyT, cfg) == {"dyt_alpha": 0.5}
+    RESIDUALS["spy"] = Spy
+    try:
+        Transformer(ModelConfig(**{**vars(cfg), "norm": "spy"}), VOCAB, PAD)
+    finally:
+        del RESIDUALS["spy"]
+    where = [(at.side, at.layer) for at, _ in seen]
+    assert where == [("encoder", 0)] * 2 + [("encoder", 1)] * 2 + [("encoder", 2)] + [
+        ("decoder", i) for i in (0, 0, 0, 1, 1, 1, 2, 2, 2)
+    ] + [("decoder", 3)]
+    assert {(at.n_enc, at.n_dec, at.d_model, at.dropout) for at, _ in seen} == {(2, 3, 8, 0.2)}
+    assert all(options == {"rezero_shared": True} for _, options in seen)
+    assert ResidualContext.of(cfg, "decoder", 1).depth == 3 and ResidualContext.of(cfg, "encoder", 1).depth == 2
+    assert isinstance(final_norm(ModelConfig(norm="pre", d_model=8, heads=2), "encoder"), torch.nn.LayerNorm)
 
 
 def test_fixup_is_skip_plus_scaled_branch_of_shifted_input() -> None:
     """x + scale * f(x - shift): the reference's LayerShift (x - bias) before the branch and LayerScale after."""
-    block = make_residual("fixup", D, 0.0, "decoder", 2, 3).eval()
+    block = residual("fixup", D, 0.0, "decoder", 2, 3).eval()
     assert (block.shift.item(), block.scale.item()) == (0.0, 1.0)
     with torch.no_grad():
         block.shift.fill_(0.3)
@@ -259,7 +332,9 @@ def test_fixup_is_skip_plus_scaled_branch_of_shifted_input() -> None:
 
 def test_fixup_stacks_end_like_the_reference() -> None:
     """Encoder: scale0(shift0(x)); decoder: shift0(x) only (its scale0 is commented out in the reference)."""
-    model = Transformer(VOCAB, PAD, 1, 1, d_model=8, ffn_dim=8, heads=2, norm="fixup")
+    model = Transformer(
+        ModelConfig(encoder_layers=1, decoder_layers=1, d_model=8, ffn_dim=8, heads=2, norm="fixup"), VOCAB, PAD
+    )
     enc, dec = model.encoder.final_norm, model.decoder.final_norm
     with torch.no_grad():
         enc.shift.fill_(0.2)

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from collections.abc import Mapping
 from typing import Any
 
 from tfx.model.attention import MultiheadAttention
+from tfx.model.config import ModelConfig
 from tfx.model.layers import DecoderLayer, EncoderLayer, FeedForward
-from tfx.model.residual import RESIDUALS, has_layer_norm
+from tfx.model.residual import RESIDUALS, ResidualContext, has_layer_norm
 from tfx.model.transformer import DecoderState, EncoderOut, Transformer
 
 
-def build_model(model_cfg: Any, vocab_size: int, pad_id: int) -> Transformer:
-    """Plain constructor arguments from a ``ModelConfig`` dataclass (or a dict of its fields)."""
-    fields = model_cfg if isinstance(model_cfg, dict) else asdict(model_cfg)
-    return Transformer(vocab_size=vocab_size, pad_id=pad_id, **fields)
+def build_model(cfg: ModelConfig | Mapping[str, Any], vocab_size: int, pad_id: int) -> Transformer:
+    """The model ``cfg`` describes: a ``ModelConfig``, or a checkpoint's plain dict of its fields (fields the dict
+    predates take their defaults: ``ModelConfig.from_fields``)."""
+    return Transformer(ModelConfig.from_fields(cfg), vocab_size, pad_id)
 
 
 __all__ = [
@@ -23,8 +24,10 @@ __all__ = [
     "EncoderLayer",
     "EncoderOut",
     "FeedForward",
+    "ModelConfig",
     "MultiheadAttention",
     "RESIDUALS",
+    "ResidualContext",
     "Transformer",
     "build_model",
     "has_layer_norm",

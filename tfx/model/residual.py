@@ -15,61 +15,79 @@ Every kind wraps a sublayer ``f`` (attention or FFN) with dropout on its output:
 - ``fixup``: x + scale * f(x - shift), no LayerNorm, a learnable scalar bias and multiplier per
   sublayer (Zhang et al. 2019, as its authors' fairseq code applies it to the Transformer).
 
-``make_residual`` builds one per sublayer. A kind is registered by ``@residual_kind(NAME)`` on its own class,
-which adds it to ``RESIDUALS`` (what ``model.norm`` may be); a kind outside tfx registers the same way from a
-module named in the config's ``plugins``. A kind's stack-final module is ``final_module`` (a LayerNorm for
-Pre-LN); a kind whose sublayers share state within one layer (ReZero) ties it in ``share_within_layer``; the
-model options a kind reads (``dyt_alpha``) are named in its ``options``.
+``make_residual(cfg, at)`` builds one per sublayer from the model's ``ModelConfig`` and a ``ResidualContext``
+(where the connection sits: side, layer, both stack depths, width and dropout). A kind is registered by
+``@residual_kind(NAME)`` on its own class, which adds it to ``RESIDUALS`` (what ``model.norm`` may be); a kind
+outside tfx registers the same way from a module named in the config's ``plugins``. A kind's own settings are
+``ModelConfig`` fields it names in ``options`` (DyT's ``dyt_alpha``): its constructor takes them as keyword
+arguments, read from the config by ``make_residual`` and from nowhere else. A kind's stack-final module is
+``final_module`` (a LayerNorm for Pre-LN); a kind whose sublayers share state within one layer (ReZero) ties it
+in ``share_within_layer``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
+from tfx.model.config import ModelConfig
 from tfx.model.dropout import Dropout
+from tfx.model.registry import RESIDUALS, residual_kind
+from tfx.model.registry import residual_class as _registered
 
 Branch = Callable[[Tensor], Tensor]
 Side = Literal["encoder", "decoder"]
-R = TypeVar("R", bound="type[Residual]")
-
-# The one registry of residual kinds, filled by ``residual_kind``: tfx.config validates ``model.norm`` against it.
-RESIDUALS: dict[str, type[Residual]] = {}
 
 
-def residual_kind(name: str) -> Callable[[R], R]:
-    """Register the decorated class as ``model.norm=name``: a residual kind is this one line on its class."""
+@dataclass(frozen=True)
+class ResidualContext:
+    """Where one residual connection sits in the model: what a kind may scale or tie by.
 
-    def register(cls: R) -> R:
-        taken = RESIDUALS.get(name)
-        if taken is not None and (taken.__module__, taken.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"residual kind {name!r} is registered twice ({taken.__module__}.{taken.__qualname__})")
-        RESIDUALS[name] = cls
-        return cls
+    DeepNorm's skip weight reads the side and both depths; a depth-scaled kind (T-Fixup-style) would read
+    ``layer`` too. A kind's own settings are not here: they are ``ModelConfig`` fields named in its ``options``.
+    """
 
-    return register
+    side: Side
+    layer: int  # index within its stack, 0 nearest the embeddings; the stack's depth for its final module
+    n_enc: int  # encoder layers N
+    n_dec: int  # decoder layers M
+    d_model: int  # the residual stream's width
+    dropout: float  # dropout on the branch output
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, side: Side, layer: int) -> ResidualContext:
+        """The context of layer ``layer`` of the ``side`` stack of the model ``cfg`` describes."""
+        return cls(side, layer, cfg.encoder_layers, cfg.decoder_layers, cfg.d_model, cfg.dropout)
+
+    @property
+    def depth(self) -> int:
+        """The number of layers in this connection's own stack."""
+        return self.n_enc if self.side == "encoder" else self.n_dec
 
 
 @residual_kind("none")
 class Residual(nn.Module):
     """x + dropout(f(x)) with no LayerNorm; the base of every kind."""
 
-    # keyword arguments of this kind's constructor that come from the model config (``make_residual``)
+    # the ``ModelConfig`` fields this kind reads: keyword arguments of its constructor and ``final_module``,
+    # which ``make_residual`` and ``final_norm`` read from the config (and only for the kind that names them)
     options: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int) -> None:
+    def __init__(self, at: ResidualContext) -> None:
         super().__init__()
-        self.dropout = Dropout(dropout)
+        self.dropout = Dropout(at.dropout)
 
     def forward(self, x: Tensor, branch: Branch) -> Tensor:
         return x + self.dropout(branch(x))
 
     @classmethod
-    def final_module(cls, d_model: int, side: Side, **options: Any) -> nn.Module:
-        """What each stack applies to its last layer's output: nothing here; a LayerNorm for Pre-LN."""
+    def final_module(cls, at: ResidualContext, **options: Any) -> nn.Module:
+        """What each stack applies to its last layer's output (``at.layer`` is the stack's depth): nothing here;
+        a LayerNorm for Pre-LN. ``options``: the kind's ``options`` from the config, as its constructor gets."""
         return nn.Identity()
 
     @classmethod
@@ -81,9 +99,9 @@ class Residual(nn.Module):
 class PostLN(Residual):
     """LN(x + dropout(f(x)))."""
 
-    def __init__(self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int) -> None:
-        super().__init__(d_model, dropout, side, n_enc, n_dec)
-        self.norm = nn.LayerNorm(d_model)
+    def __init__(self, at: ResidualContext) -> None:
+        super().__init__(at)
+        self.norm = nn.LayerNorm(at.d_model)
 
     def forward(self, x: Tensor, branch: Branch) -> Tensor:
         return self.norm(x + self.dropout(branch(x)))
@@ -94,8 +112,8 @@ class PreLN(PostLN):
     """x + dropout(f(LN(x))); the stack's final LayerNorm normalizes what the last block leaves."""
 
     @classmethod
-    def final_module(cls, d_model: int, side: Side, **options: Any) -> nn.Module:
-        return nn.LayerNorm(d_model)
+    def final_module(cls, at: ResidualContext, **options: Any) -> nn.Module:
+        return nn.LayerNorm(at.d_model)
 
     def forward(self, x: Tensor, branch: Branch) -> Tensor:
         return x + self.dropout(branch(self.norm(x)))
@@ -113,9 +131,9 @@ def deepnorm_alpha(side: Side, n_enc: int, n_dec: int) -> float:
 class DeepNorm(PostLN):
     """LN(alpha * x + dropout(f(x))): Post-LN with the skip path up-weighted by a depth constant."""
 
-    def __init__(self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int) -> None:
-        super().__init__(d_model, dropout, side, n_enc, n_dec)
-        self.alpha = deepnorm_alpha(side, n_enc, n_dec)  # a constant of the architecture, not state
+    def __init__(self, at: ResidualContext) -> None:
+        super().__init__(at)
+        self.alpha = deepnorm_alpha(at.side, at.n_enc, at.n_dec)  # a constant of the architecture, not state
 
     def forward(self, x: Tensor, branch: Branch) -> Tensor:
         return self.norm(self.alpha * x + self.dropout(branch(x)))
@@ -129,10 +147,10 @@ class Admin(PostLN):
     from then on it is a weight like any other, saved and resumed with the state dict.
     """
 
-    def __init__(self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int) -> None:
-        super().__init__(d_model, dropout, side, n_enc, n_dec)
-        self.side = side  # profiling keeps one running variance per stack
-        self.omega = nn.Parameter(torch.ones(d_model))
+    def __init__(self, at: ResidualContext) -> None:
+        super().__init__(at)
+        self.side = at.side  # profiling keeps one running variance per stack
+        self.omega = nn.Parameter(torch.ones(at.d_model))
 
     def forward(self, x: Tensor, branch: Branch) -> Tensor:
         return self.norm(self.omega * x + self.dropout(branch(x)))
@@ -160,18 +178,16 @@ class DyT(Residual):
 
     options = ("dyt_alpha",)
 
-    def __init__(
-        self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int, dyt_alpha: float = 0.5
-    ) -> None:
-        super().__init__(d_model, dropout, side, n_enc, n_dec)
-        self.norm = DynamicTanh(d_model, dyt_alpha)
+    def __init__(self, at: ResidualContext, *, dyt_alpha: float) -> None:
+        super().__init__(at)
+        self.norm = DynamicTanh(at.d_model, dyt_alpha)
 
     def forward(self, x: Tensor, branch: Branch) -> Tensor:
         return x + self.dropout(branch(self.norm(x)))
 
     @classmethod
-    def final_module(cls, d_model: int, side: Side, dyt_alpha: float = 0.5, **options: Any) -> nn.Module:
-        return DynamicTanh(d_model, dyt_alpha)
+    def final_module(cls, at: ResidualContext, *, dyt_alpha: float) -> nn.Module:
+        return DynamicTanh(at.d_model, dyt_alpha)
 
 
 @residual_kind("rezero")
@@ -186,10 +202,8 @@ class ReZero(Residual):
 
     options = ("rezero_shared",)
 
-    def __init__(
-        self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int, rezero_shared: bool = True
-    ) -> None:
-        super().__init__(d_model, dropout, side, n_enc, n_dec)
+    def __init__(self, at: ResidualContext, *, rezero_shared: bool) -> None:
+        super().__init__(at)
         self.shared = rezero_shared  # a setting of the architecture, not state
         self.resweight = nn.Parameter(torch.zeros(1))
 
@@ -211,8 +225,8 @@ class Fixup(Residual):
     transformer_zero.py``): Fixup's scalar bias before each branch and scalar multiplier after it
     (``LayerShift`` 0, ``LayerScale`` 1). The zeroed and depth-scaled weights are ``tfx.init.fixup``."""
 
-    def __init__(self, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int) -> None:
-        super().__init__(d_model, dropout, side, n_enc, n_dec)
+    def __init__(self, at: ResidualContext) -> None:
+        super().__init__(at)
         self.shift = nn.Parameter(torch.zeros(1))
         self.scale = nn.Parameter(torch.ones(1))
 
@@ -220,10 +234,10 @@ class Fixup(Residual):
         return x + self.scale * self.dropout(branch(x - self.shift))
 
     @classmethod
-    def final_module(cls, d_model: int, side: Side, **options: Any) -> nn.Module:
+    def final_module(cls, at: ResidualContext, **options: Any) -> nn.Module:
         """The reference ends the encoder with ``scale0(shift0(x))`` and the decoder with ``shift0(x)``
         alone (its decoder's ``scale0`` is commented out)."""
-        return FixupOutput(with_scale=side == "encoder")
+        return FixupOutput(with_scale=at.side == "encoder")
 
 
 class FixupOutput(nn.Module):
@@ -240,35 +254,30 @@ class FixupOutput(nn.Module):
 
 
 def residual_class(kind: str) -> type[Residual]:
-    if kind not in RESIDUALS:
-        raise ValueError(f"model.norm={kind!r}: use one of {sorted(RESIDUALS)}")
-    return RESIDUALS[kind]
+    """The ``Residual`` subclass registered as ``model.norm=kind``."""
+    return _registered(kind)  # type: ignore[return-value]  # @residual_kind is on Residual subclasses only
 
 
-def _own_options(cls: type[Residual], options: dict[str, Any]) -> dict[str, Any]:
-    """The model options this kind takes (DyT's ``dyt_alpha``); the others' options are not its business."""
-    return {k: v for k, v in options.items() if k in cls.options}
+def kind_options(cls: type[Residual], cfg: ModelConfig) -> dict[str, Any]:
+    """The config fields ``cls`` names in its ``options`` (DyT's ``dyt_alpha``), read from ``cfg``; the other
+    kinds' options are not its business."""
+    if missing := [name for name in cls.options if not hasattr(cfg, name)]:
+        raise TypeError(f"residual kind {cls.__name__} reads {missing}, which ModelConfig does not have")
+    return {name: getattr(cfg, name) for name in cls.options}
 
 
-def make_residual(
-    kind: str, d_model: int, dropout: float, side: Side, n_enc: int, n_dec: int, **options: Any
-) -> Residual:
-    """The residual connection of one sublayer of a ``side`` stack in an n_enc + n_dec model; ``options``:
-    the model's per-kind settings (``dyt_alpha``), each passed to the kind that declares it."""
-    cls = residual_class(kind)
-    return cls(d_model, dropout, side, n_enc, n_dec, **_own_options(cls, options))
+def make_residual(cfg: ModelConfig, at: ResidualContext) -> Residual:
+    """The residual connection of one sublayer at ``at`` in the model ``cfg`` describes (kind ``cfg.norm``)."""
+    cls = residual_class(cfg.norm)
+    return cls(at, **kind_options(cls, cfg))
 
 
-def final_norm(kind: str, d_model: int, side: Side = "encoder", **options: Any) -> nn.Module:
-    """The module that ends a ``side`` stack of this kind: a LayerNorm (Pre-LN), a DyT, Fixup's scalar
-    shift and scale, or the identity."""
-    cls = residual_class(kind)
-    return cls.final_module(d_model, side, **_own_options(cls, options))
-
-
-def residual_options() -> set[str]:
-    """Every model option some registered kind reads: what ``Transformer`` accepts besides its own arguments."""
-    return {option for cls in RESIDUALS.values() for option in cls.options}
+def final_norm(cfg: ModelConfig, side: Side) -> nn.Module:
+    """The module that ends the ``side`` stack: a LayerNorm (Pre-LN), a DyT, Fixup's scalar shift and scale,
+    or the identity."""
+    cls = residual_class(cfg.norm)
+    depth = cfg.encoder_layers if side == "encoder" else cfg.decoder_layers
+    return cls.final_module(ResidualContext.of(cfg, side, depth), **kind_options(cls, cfg))
 
 
 def has_layer_norm(model: nn.Module) -> bool:
@@ -287,11 +296,12 @@ __all__ = [
     "PreLN",
     "ReZero",
     "Residual",
+    "ResidualContext",
     "deepnorm_alpha",
     "final_norm",
     "has_layer_norm",
     "make_residual",
     "residual_class",
+    "kind_options",
     "residual_kind",
-    "residual_options",
 ]

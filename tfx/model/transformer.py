@@ -11,17 +11,17 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tfx.model.attention import KVCache, key_mask
+from tfx.model.config import ModelConfig
 from tfx.model.dropout import Dropout
 from tfx.model.layers import DecoderLayer, EncoderLayer
 from tfx.model.packing import Packing, segment_mask
-from tfx.model.residual import final_norm, make_residual, residual_options
+from tfx.model.residual import ResidualContext, Side, final_norm, make_residual
 
 
 def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
@@ -54,6 +54,22 @@ class TokenEmbedding(nn.Module):
             raise ValueError(f"sequence of {offset + t} tokens exceeds model.max_positions={self.positions.size(0)}")
         x = self.scale * self.embed(tokens) + self.positions[offset : offset + t]
         return self.dropout(x)
+
+
+def _layer_sizes(cfg: ModelConfig) -> dict[str, int | float]:
+    """The plain arguments every encoder and decoder layer takes besides its residual connections."""
+    return dict(
+        d_model=cfg.d_model,
+        heads=cfg.heads,
+        ffn_dim=cfg.ffn_dim,
+        attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout,
+    )
+
+
+def _residuals(cfg: ModelConfig, side: Side, layer: int) -> functools.partial:
+    """What layer ``layer`` of the ``side`` stack calls once per sublayer for a fresh residual connection."""
+    return functools.partial(make_residual, cfg, ResidualContext.of(cfg, side, layer))
 
 
 def _run_layer(layer: nn.Module, use_checkpoint: bool, *args: object) -> Tensor:
@@ -164,70 +180,43 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer over one joint vocabulary.
+    """Encoder-decoder Transformer over one joint vocabulary, built from one ``ModelConfig``.
 
-    ``norm`` is the residual kind (``tfx.model.residual.RESIDUALS``): ``none`` (T-Fixup; no
+    ``cfg.norm`` is the residual kind (``tfx.model.residual.RESIDUALS``): ``none`` (T-Fixup; no
     LayerNorm module exists), ``post``, ``pre`` (adds a final LayerNorm to each stack),
     ``deepnorm``, ``admin``, ``dyt`` (Pre-LN with DyT for every LayerNorm), ``rezero`` or ``fixup``.
-    ``options`` are the kinds' own settings (``dyt_alpha``, ``rezero_shared``: ``ModelConfig``), each
-    passed to the kind that declares it.
+    Each residual connection is made from ``cfg`` and where it sits (``ResidualContext``); a kind reads
+    its own settings (``dyt_alpha``, ``rezero_shared``) from ``cfg`` itself.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        pad_id: int,
-        encoder_layers: int = 6,
-        decoder_layers: int = 6,
-        d_model: int = 512,
-        ffn_dim: int = 1024,
-        heads: int = 4,
-        norm: str = "none",
-        dropout: float = 0.3,
-        attention_dropout: float = 0.1,
-        activation_dropout: float = 0.1,
-        share_decoder_embeddings: bool = True,
-        share_all_embeddings: bool = False,
-        max_positions: int = 1024,
-        checkpoint_activations: bool = False,
-        **options: Any,
-    ) -> None:
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int) -> None:
         super().__init__()
-        if unknown := sorted(set(options) - residual_options()):
-            raise TypeError(f"Transformer: unknown residual options {unknown} (known: {sorted(residual_options())})")
-        self.norm = norm
+        self.cfg = cfg
+        self.norm = cfg.norm
         self.pad_id = pad_id
         self.vocab_size = vocab_size
-        layer_args = dict(
-            d_model=d_model,
-            heads=heads,
-            ffn_dim=ffn_dim,
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout,
-        )
-        # DeepNorm's skip weight depends on the side and both depths: the factory knows them, and the
-        # per-kind options (DyT's alpha init), which reach only the kind that declares them.
-        residual = functools.partial(
-            make_residual, norm, d_model, dropout, n_enc=encoder_layers, n_dec=decoder_layers, **options
-        )
-        enc_embed = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-        dec_embed = enc_embed if share_all_embeddings else nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-        tied = share_decoder_embeddings or share_all_embeddings
-        enc_residual = functools.partial(residual, side="encoder")
-        dec_residual = functools.partial(residual, side="decoder")
+        enc_embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
+        dec_embed = enc_embed if cfg.share_all_embeddings else nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
+        tied = cfg.share_decoder_embeddings or cfg.share_all_embeddings
         self.encoder = Encoder(
-            TokenEmbedding(enc_embed, max_positions, dropout),
-            [EncoderLayer(residual=enc_residual, **layer_args) for _ in range(encoder_layers)],
-            final_norm(norm, d_model, "encoder", **options),
+            TokenEmbedding(enc_embed, cfg.max_positions, cfg.dropout),
+            [
+                EncoderLayer(residual=_residuals(cfg, "encoder", i), **_layer_sizes(cfg))
+                for i in range(cfg.encoder_layers)
+            ],
+            final_norm(cfg, "encoder"),
             pad_id,
         )
         self.decoder = Decoder(
-            TokenEmbedding(dec_embed, max_positions, dropout),
-            [DecoderLayer(residual=dec_residual, **layer_args) for _ in range(decoder_layers)],
-            final_norm(norm, d_model, "decoder", **options),
-            None if tied else nn.Linear(d_model, vocab_size, bias=False),
+            TokenEmbedding(dec_embed, cfg.max_positions, cfg.dropout),
+            [
+                DecoderLayer(residual=_residuals(cfg, "decoder", i), **_layer_sizes(cfg))
+                for i in range(cfg.decoder_layers)
+            ],
+            final_norm(cfg, "decoder"),
+            None if tied else nn.Linear(cfg.d_model, vocab_size, bias=False),
         )
-        self.set_activation_checkpointing(checkpoint_activations)
+        self.set_activation_checkpointing(cfg.checkpoint_activations)
 
     @property
     def embeddings_shared(self) -> bool:

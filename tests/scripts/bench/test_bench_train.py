@@ -20,7 +20,7 @@ from tests.test_train import tiny_cfg
 from tfx.criterion import label_smoothed_loss
 from tfx.data import BOS, PAD, Batch
 from tfx.data.packing import collate_packed, pack_first_fit
-from tfx.model import Transformer
+from tfx.model import ModelConfig, Transformer
 from tfx.model.packing import Packing
 from tfx.precision import Precision
 from tfx.step import read
@@ -38,7 +38,19 @@ def bench() -> ModuleType:
 def test_matmul_flops_match_torchs_flop_counter(bench: ModuleType) -> None:
     """6 x params x tokens against the FLOPs torch counts in the linear layers' forward + backward."""
     d, vocab = 128, 2000
-    model = Transformer(vocab, 0, 2, 2, d_model=d, ffn_dim=4 * d, heads=4, norm="none", share_decoder_embeddings=True)
+    model = Transformer(
+        ModelConfig(
+            encoder_layers=2,
+            decoder_layers=2,
+            d_model=d,
+            ffn_dim=4 * d,
+            heads=4,
+            norm="none",
+            share_decoder_embeddings=True,
+        ),
+        vocab,
+        0,
+    )
     src, tgt = torch.randint(4, vocab, (8, 20)), torch.randint(4, vocab, (8, 16))
     with FlopCounterMode(display=False) as counter:
         loss, _ = label_smoothed_loss(model(src, tgt), tgt, 0.1, 0)
@@ -70,7 +82,19 @@ def hand_flops(model: Transformer, d: int, vocab: int, pairs: list[tuple[int, in
 
 def test_flops_count_a_padded_batchs_real_tokens_only(bench: ModuleType) -> None:
     d, vocab = 16, 50
-    model = Transformer(vocab, 0, 2, 2, d_model=d, ffn_dim=2 * d, heads=2, norm="none", share_decoder_embeddings=True)
+    model = Transformer(
+        ModelConfig(
+            encoder_layers=2,
+            decoder_layers=2,
+            d_model=d,
+            ffn_dim=2 * d,
+            heads=2,
+            norm="none",
+            share_decoder_embeddings=True,
+        ),
+        vocab,
+        0,
+    )
     src = torch.tensor([[5, 6, 7, 8, 3], [5, 6, 3, PAD, PAD], [9, 3, PAD, PAD, PAD]])
     tgt = torch.tensor([[5, 6, 3, PAD], [5, 6, 7, 3], [3, PAD, PAD, PAD]])
     assert [x.tolist() for x in bench.sentence_lengths(batch(src, tgt))] == [[5, 3, 2], [3, 4, 1]]
@@ -83,7 +107,19 @@ def test_flops_count_a_padded_batchs_real_tokens_only(bench: ModuleType) -> None
 def test_flops_count_each_packed_sentence_on_its_own(bench: ModuleType) -> None:
     """Row 0 holds pairs (3, 2) and (2, 3), row 1 one pair (4, 4) and padding: attention is per pair, not per row."""
     d, vocab = 16, 50
-    model = Transformer(vocab, 0, 2, 2, d_model=d, ffn_dim=2 * d, heads=2, norm="none", share_decoder_embeddings=True)
+    model = Transformer(
+        ModelConfig(
+            encoder_layers=2,
+            decoder_layers=2,
+            d_model=d,
+            ffn_dim=2 * d,
+            heads=2,
+            norm="none",
+            share_decoder_embeddings=True,
+        ),
+        vocab,
+        0,
+    )
     src_seg = torch.tensor([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
     tgt_seg = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
     src = torch.where(src_seg > 0, 7, PAD)

@@ -15,7 +15,7 @@ from tfx.checkpoint import load_checkpoint
 from tfx.config import OptimConfig
 from tfx.criterion import label_smoothed_loss
 from tfx.init import apply_init
-from tfx.model import Transformer
+from tfx.model import ModelConfig, Transformer
 from tfx.optim import build_optimizer, lr_at, set_lr
 
 VOCAB, PAD, DEPTH = 50, 0, 200
@@ -24,9 +24,21 @@ VOCAB, PAD, DEPTH = 50, 0, 200
 def deep_model(checkpoint: bool, d: int = 16) -> Transformer:
     """The deep experiment's shape (200+200, norm none, T-Fixup) at a tiny width, dropout off."""
     model = Transformer(
-        VOCAB, PAD, DEPTH, DEPTH, d_model=d, ffn_dim=2 * d, heads=4, norm="none", dropout=0.0,
-        attention_dropout=0.0, activation_dropout=0.0, checkpoint_activations=checkpoint,
-    )  # fmt: skip
+        ModelConfig(
+            encoder_layers=DEPTH,
+            decoder_layers=DEPTH,
+            d_model=d,
+            ffn_dim=2 * d,
+            heads=4,
+            norm="none",
+            dropout=0.0,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            checkpoint_activations=checkpoint,
+        ),
+        VOCAB,
+        PAD,
+    )
     apply_init(model, "tfixup", seed=1)
     return model
 

@@ -12,7 +12,7 @@ from tests.conftest import load_script
 from tfx.config import OptimConfig
 from tfx.criterion import label_smoothed_loss
 from tfx.init import apply_init
-from tfx.model import Transformer
+from tfx.model import ModelConfig, Transformer
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +80,21 @@ def tiny_batch(seed: int):
 
 
 def tiny_model() -> Transformer:
-    model = Transformer(40, 0, 2, 2, d_model=16, ffn_dim=32, heads=4, norm="none", dropout=0.0,
-                        attention_dropout=0.0, activation_dropout=0.0)  # fmt: skip
+    model = Transformer(
+        ModelConfig(
+            encoder_layers=2,
+            decoder_layers=2,
+            d_model=16,
+            ffn_dim=32,
+            heads=4,
+            norm="none",
+            dropout=0.0,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+        ),
+        40,
+        0,
+    )
     apply_init(model, "tfixup", seed=1)
     return model
 
