@@ -119,7 +119,7 @@ def test_a_run_reads_its_updates_once_per_log_interval_and_trains_the_same(
         with no_host_reads():
             return real_update(self, *args, **kwargs)
 
-    monkeypatch.setattr("tfx.train.read", counted)
+    monkeypatch.setattr("tfx.training.pending.read", counted)
     monkeypatch.setattr(Stepper, "update", guarded)
     deferred = train(cfg(4), tmp_path / "deferred")["losses"]
     assert reads == [4, 4, 4]  # one read per 4 updates; none inside an update

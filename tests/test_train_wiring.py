@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 import tfx.data.batching as batching_mod
-import tfx.train as train_mod
+import tfx.training.validation as validation_mod
 import tfx.validate as validate_mod
 from tests.test_train import free_port, join_two_ranks, tiny_cfg
 from tfx import distributed
@@ -223,6 +223,7 @@ def test_two_rank_step_scales_by_world_size_over_the_global_token_count(
     trainer = Trainer(cfg, tmp_path / "run")
     try:
         trainer.dist = DistInfo(rank=0, world_size=2)
+        trainer.stepper.world_size = 2  # the stepper is built once, with the world it was built in
         monkeypatch.setattr(distributed, "all_reduce_sum", lambda value, device: 2 * value)
         split = trainer.corpus.splits["train"]
         plan = make_batches(
@@ -275,7 +276,7 @@ def test_patience_stops_after_that_many_validations_without_a_better_bleu(
         seen.append(bleu)
         return ValidResult({"valid/loss": 1.0, "valid/bleu": bleu}, bleu, "scripted", [])
 
-    monkeypatch.setattr(train_mod, "validate_on_main", scripted_validation)
+    monkeypatch.setattr(validation_mod, "validate_on_main", scripted_validation)
     cfg = wiring_cfg(tmp_path, max_updates=0, max_epochs=30, patience=3)
     summary = train(cfg, tmp_path / "run")
     assert seen == [10.0, 12.0, 11.0, 11.5, 12.0] and summary["epoch"] == 6  # five epochs done
@@ -304,7 +305,7 @@ def test_patience_on_valid_loss_stops_where_fairseq_would(tmp_path: Path, monkey
         bleu = float(len(seen))  # better every time: patience on BLEU would not stop
         return ValidResult({"valid/loss": loss, "valid/bleu": bleu}, bleu, "scripted", [])
 
-    monkeypatch.setattr(train_mod, "validate_on_main", scripted_validation)
+    monkeypatch.setattr(validation_mod, "validate_on_main", scripted_validation)
     cfg = wiring_cfg(tmp_path, max_updates=0, max_epochs=30, patience=3, patience_metric="loss")
     summary = train(cfg, tmp_path / "run")
     assert seen == [5.0, 4.0, 4.0, 4.5, 3.9, 4.0, 4.0, 4.2] and summary["epoch"] == 9  # eight epochs done
@@ -335,7 +336,7 @@ def test_a_signal_during_the_last_validation_then_a_resume_validates_once_and_co
             os.kill(os.getpid(), signal.SIGTERM)
         return ValidResult({"valid/loss": 1.0, "valid/bleu": bleu}, bleu, "scripted", [])
 
-    monkeypatch.setattr(train_mod, "validate_on_main", scripted_validation)
+    monkeypatch.setattr(validation_mod, "validate_on_main", scripted_validation)
     cfg = wiring_cfg(tmp_path, max_updates=0, max_epochs=3, patience=3)
     assert train(cfg, tmp_path / "run")["stopped_by"] == "SIGTERM"
     again = train(cfg, tmp_path / "run")

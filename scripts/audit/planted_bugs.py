@@ -102,21 +102,20 @@ BUGS = [
         ("label_smoothed_loss(logits, batch.target, self.opt.label_smoothing, PAD)",
          "label_smoothed_loss(logits, batch.target, 0.1, PAD)"),
     ], wiring(FIRST_UPDATE)),
-    Bug("train-schedule-from-1", "schedule indexed from update 1", "tfx/train.py", [
-        ("lr = lr_at(self.state.step + len(self._pending), self.cfg.optim)",
-         "lr = lr_at(self.state.step + len(self._pending) + 1, self.cfg.optim)"),
+    Bug("train-schedule-from-1", "schedule indexed from update 1", "tfx/training/trainer.py", [
+        ("lr = lr_at(self.queue.step, self.cfg.optim)", "lr = lr_at(self.queue.step + 1, self.cfg.optim)"),
     ], wiring("schedule_starts_at_update_zero")),
-    Bug("best-always", "checkpoint_best.pt written at every validation", "tfx/train.py", [
+    Bug("best-always", "checkpoint_best.pt written at every validation", "tfx/training/validation.py", [
         ("improved = result.bleu > self.state.best_bleu", "improved = True"),
     ], wiring(BEST)),
     Bug("valid-loss-nats", "validation loss in nats, not bits", "tfx/validate.py", [
         ("loss_sum / ntokens / math.log(2), nll_sum", "loss_sum / ntokens, nll_sum"),
     ], wiring(BEST)),
-    Bug("resume-restarts-epoch", "resume restarts the epoch from its first batch", "tfx/train.py", [
-        ('self.state = TrainState(**ckpt["train_state"])',
-         'self.state = TrainState(**{**ckpt["train_state"], "batch_in_epoch": 0})'),
+    Bug("resume-restarts-epoch", "resume restarts the epoch from its first batch", "tfx/training/resume.py", [
+        ('state = TrainState(**ckpt["train_state"])',
+         'state = TrainState(**{**ckpt["train_state"], "batch_in_epoch": 0})'),
     ], wiring("resume_across_an_epoch_boundary_equals_uninterrupted")),
-    Bug("epoch-not-passed", "every epoch shuffled as epoch 1", "tfx/train.py", [
+    Bug("epoch-not-passed", "every epoch shuffled as epoch 1", "tfx/training/trainer.py", [
         ("batches = self.batches.epoch(self.state.epoch)", "batches = self.batches.epoch(1)"),
     ], wiring("each_epoch_is_shuffled_with_its_own_number")),
     Bug("keep-last-off-by-one", "keep_last keeps one checkpoint too many", "tfx/run_checkpoints.py", [
@@ -134,10 +133,10 @@ BUGS = [
     Bug("max-minutes-ignored", "max_minutes ignored", "tfx/train_state.py", [
         ("return not (t.max_minutes and self.train_seconds >= 60 * t.max_minutes)", "return True"),
     ], wiring("max_minutes_stops_after_the_first_update", "max_minutes_counts_minutes_of_training_time")),
-    Bug("validate-minutes-seconds", "validate_every_minutes read as seconds", "tfx/train.py", [
+    Bug("validate-minutes-seconds", "validate_every_minutes read as seconds", "tfx/training/validation.py", [
         (">= 60 * t.validate_every_minutes", ">= t.validate_every_minutes"),
     ], wiring("validate_every_minute_of_training_time")),
-    Bug("validate-minutes-ignored", "validate_every_minutes ignored", "tfx/train.py", [
+    Bug("validate-minutes-ignored", "validate_every_minutes ignored", "tfx/training/validation.py", [
         ("or bool(minutes_due)", "or False"),
     ], wiring("validate_every_minutes_validates_when_due", "validate_every_minute_of_training_time")),
 ]  # fmt: skip

@@ -1,0 +1,1 @@
+"""The training loop: the ``Trainer``, the queue of updates read later, and the schedule of what is due when."""
