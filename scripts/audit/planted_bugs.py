@@ -64,7 +64,7 @@ BUGS = [
         ('"coverage": character_coverage,\n', ""),
     ], ["tests/data/test_corpus.py"]),
     Bug("corpus-key-tokenizer", "encoded-corpus cache key without the tokenizer fingerprint", "tfx/data/corpus.py", [
-        ('settings={"tokenizer": tokenizer.fingerprint}', "settings={}"),
+        ('settings = {"tokenizer": tokenizer.fingerprint, "text"', 'settings = {"text"'),
     ], ["tests/data/test_corpus.py"]),
     Bug("tfixup-enc-layer0", "T-Fixup scaling skipped on encoder layer 0", "tfx/init/tfixup.py", [
         ("for layer in model.encoder.layers:", "for layer in model.encoder.layers[1:]:"),
