@@ -30,7 +30,7 @@
 # free, else outputs/gpu_anchor), TRAIN_ARGS (more tfx.train overrides for every run), MPS, WHEELS, PYTHON.
 #
 # On this workplace's device machine: the wheels of scripts/gpu/gpu_check.sh's header (.whl), and the pretokenized
-# corpus with its sentencepiece cache, made once here in the repo root (both ignored by git; about 16 MB together):
+# corpus with its sentencepiece cache, made once here in the repo root (both ignored by git; about 10 MB together):
 #   python -m tfx.data.pretokenize ../shared/data/multi30k data/multi30k_tok
 #   python -m tfx.train +experiment=multi30k_tiny train.max_updates=1 train.device=cpu hydra.run.dir=/tmp/anchor_prep
 # (the second line fills data/cache with the 9712-piece model and the encoded corpus, so 7 runs do not each build
