@@ -1,0 +1,155 @@
+"""The published-anchor runs of ``scripts/gpu/gpu_anchor.sh`` (issue 52, docs/converged.md "published anchor"): where
+each run stands, T-Fixup's lr chosen on valid, and the report's table, read back from the study folder alone.
+
+The study folder holds one ``tfx.train`` run per folder, ``runs/<method>_lr<lr>_seed<seed>``, each evaluated by
+``scripts/eval_bleu.sh RUN --avg 10`` on valid and test2016 (``checkpoints/checkpoint_avgN.{valid,test}.bleu.json``)
+and on the three later test sets (``checkpoints/checkpoint_avgN.<src file>.bleu.json``, ``--refs-tokenized``).
+
+    python -m tfx.studies.anchor_report STUDY              # the report's table (markdown) on stdout
+    python -m tfx.studies.anchor_report STUDY --best-lr tfixup   # the lr whose last-10 average scores best on valid
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tfx.metrics_log import FILENAME, read_metrics
+from tfx.studies.converged_runs import end_status
+
+RUN_NAME = re.compile(r"^(?P<method>[a-z_]+)_lr(?P<lr>[0-9.e+-]+)_seed(?P<seed>\d+)$")
+# eval_bleu.sh's score files by column: the run's own splits, then the --src files' names
+SETS = {
+    "valid": "valid",
+    "test2016": "test",
+    "test2017": "test_2017_flickr.en",
+    "test2018": "test_2018_flickr.en",
+    "MSCOCO": "test_2017_mscoco.en",
+}
+# LividWo/Revisit-MMT README-baseline.md, test2016 only
+ANCHOR = "| anchor: Wu et al. 2021 (fairseq, 2 GPUs) | postln | 0.005 | 1 | <= 8000 | published | | **41.02** | 71.0/47.5/34.3/24.5 | 0.999 | 12096/12103 | | | |"  # noqa: E501
+HEADER = (
+    "| run | method | lr | seed | updates | stop status | valid | test2016 | test2016 1-4-gram precisions | BP "
+    "| hyp/ref len | test2017 | test2018 | MSCOCO |\n"
+    "|---|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"
+)
+_DETAIL = re.compile(r"^(?P<prec>[\d.]+/[\d.]+/[\d.]+/[\d.]+) \(BP = (?P<bp>[\d.]+) .*hyp_len = (?P<hyp>\d+) "
+                     r"ref_len = (?P<ref>\d+)\)")  # fmt: skip
+
+
+def runs(study: Path) -> list[Path]:
+    """The study's run folders, by method (Post-LN first), lr, seed."""
+    found = [p for p in (study / "runs").glob("*") if p.is_dir() and RUN_NAME.match(p.name)]
+    return sorted(found, key=lambda p: (p.name.split("_lr")[0] != "postln", *_key(p)))
+
+
+def _key(run: Path) -> tuple[str, float, int]:
+    m = RUN_NAME.match(run.name)
+    assert m is not None
+    return m["method"], float(m["lr"]), int(m["seed"])
+
+
+def score(run: Path, column: str) -> dict[str, Any] | None:
+    """The tokenized-BLEU result (score, signature, detail) of one evaluation of ``run``'s last-N average; None
+    before it is scored. The newest averaged checkpoint's file: a run evaluated once has one."""
+    files = sorted((run / "checkpoints").glob(f"checkpoint_avg*.{SETS[column]}.bleu.json"),
+                   key=lambda p: p.stat().st_mtime)  # fmt: skip
+    if not files:
+        return None
+    return json.loads(files[-1].read_text())["scores"][-1]  # a data.tokenized run: tokenized BLEU only
+
+
+def stands(run: Path) -> tuple[int, str]:
+    """(updates, how the run stands): its metrics' last step, and ``completed``, ``early stop: ...``, ``diverged``,
+    ``stopped by SIGTERM`` (the same command resumes it), ``training`` (no end yet) or ``not started``."""
+    path = run / FILENAME
+    if not path.exists():
+        return 0, "not started"
+    records = read_metrics(path)
+    step = max((r.get("step", 0) for r in records), default=0)
+    return step, end_status(run) or "training"
+
+
+def _cell(result: dict[str, Any] | None) -> str:
+    return f"{result['score']:.2f}" if result else ""
+
+
+def row(run: Path) -> str:
+    method, lr, seed = _key(run)
+    updates, status = stands(run)
+    test = score(run, "test2016")
+    detail = _DETAIL.match(test["detail"]) if test else None
+    prec, bp, lens = (detail["prec"], detail["bp"], f"{detail['hyp']}/{detail['ref']}") if detail else ("", "", "")
+    cells = [run.name, method, f"{lr:g}", str(seed), str(updates), status, _cell(score(run, "valid")), _cell(test),
+             prec, bp, lens, *(_cell(score(run, c)) for c in ("test2017", "test2018", "MSCOCO"))]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def summary_lines(study: Path) -> list[str]:
+    """Mean +- std of each (method, lr) over its scored seeds, per test set."""
+    groups: dict[tuple[str, float], list[Path]] = {}
+    for run in runs(study):
+        groups.setdefault(_key(run)[:2], []).append(run)
+    lines = []
+    for (method, lr), members in groups.items():
+        cells = []
+        for column in ("test2016", "test2017", "test2018", "MSCOCO"):
+            values = [r["score"] for r in (score(m, column) for m in members) if r]
+            if values:
+                std = f" +- {statistics.stdev(values):.2f}" if len(values) > 1 else ""
+                cells.append(f"{column} {statistics.mean(values):.2f}{std} (n={len(values)})")
+        if cells:
+            lines.append(f"- {method} lr {lr:g}: " + "; ".join(cells))
+    return lines
+
+
+def table(study: Path) -> str:
+    """The report's table (the anchor's row first), then each setting's mean +- std over its scored seeds."""
+    lines = [HEADER, ANCHOR, *(row(run) for run in runs(study))]
+    if summary := summary_lines(study):
+        lines += ["", *summary]
+    return "\n".join(lines)
+
+
+def best_lr(study: Path, method: str, seed: int = 1) -> tuple[float | None, str]:
+    """(the lr of ``method``'s seed-``seed`` runs whose last-N average scores best on valid, or None; why). Diverged
+    runs and runs without a valid score are left out; equal scores go to the lower lr."""
+    scored = []
+    for run in runs(study):
+        m, lr, s = _key(run)
+        if m != method or s != seed:
+            continue
+        result, status = score(run, "valid"), stands(run)[1]
+        if result and not status.startswith("diverged") and math.isfinite(result["score"]):
+            scored.append((result["score"], -lr))
+    if not scored:
+        return None, f"no {method} seed-{seed} run scored on valid"
+    bleu, neg_lr = max(scored)
+    return -neg_lr, f"{method} lr {-neg_lr:g}: valid {bleu:.2f}, best of {len(scored)} scored"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tfx.studies.anchor_report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("study", type=Path, help="the study folder (its runs in runs/)")
+    parser.add_argument("--best-lr", metavar="METHOD", help="print the lr of METHOD's seed-1 runs best on valid")
+    args = parser.parse_args(argv)
+    if args.best_lr:
+        lr, why = best_lr(args.study, args.best_lr)
+        print(why, file=sys.stderr)
+        if lr is None:
+            return 1
+        print(f"{lr:g}")
+        return 0
+    print(table(args.study))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
