@@ -29,13 +29,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if os.environ.get("TFX_LONG_TESTS") == "0":
         skip_long = pytest.mark.skip(reason="TFX_LONG_TESTS=0: run in CI's other pass")
         for item in items:
-            if "long" in item.keywords:
+            if item.get_closest_marker("long"):
                 item.add_marker(skip_long)
     if GPU_TEST_DEVICE != "cuda" or torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (TFX_GPU_TEST_DEVICE=cpu runs it on CPU)")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu"):  # the marker, not a keyword: tests/scripts/gpu/ is a folder named gpu
             item.add_marker(skip)
 
 
