@@ -80,7 +80,7 @@ def test_cli_prints_a_row_per_layer(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     # runpy runs the real `python -m tfx.diagnostics` entry point without paying a new torch import
     argv = ["tfx.diagnostics", *TINY, "--batch", "2", "--src-len", "5", "--tgt-len", "5"]
     monkeypatch.setattr(sys, "argv", argv)
-    monkeypatch.delitem(sys.modules, "tfx.diagnostics")  # fresh __main__ run; restored afterwards
+    monkeypatch.delitem(sys.modules, "tfx.diagnostics", raising=False)  # fresh __main__ run; restored afterwards
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_module("tfx.diagnostics", run_name="__main__")
     assert exit_info.value.code == 0
