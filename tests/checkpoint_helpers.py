@@ -11,9 +11,9 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
-from tfx.atomic import atomic_save
 from tfx.config import Config, DataConfig, ModelConfig
 from tfx.data import PAD, Tokenizer
+from tfx.files.atomic import atomic_save
 from tfx.model import build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def tiny_config(data: DataConfig | None = None, d_model: int = 32) -> dict:
 def write_checkpoint(
     path: Path, seed: int = 0, config: dict | None = None, step: int = 100, spm_bytes: bytes | None = None
 ) -> Path:
-    """A checkpoint with the keys tfx.checkpoint documents, holding a random tiny model."""
+    """A checkpoint with the keys tfx.checkpoints.load documents, holding a random tiny model."""
     config = config or tiny_config()
     tokenizer = Tokenizer.from_bytes(spm_bytes or spm_model_bytes())
     torch.manual_seed(seed)

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from tfx.config import PRECISIONS, Config, compose_config, register_configs
-from tfx.optim import lr_at
+from tfx.optim.optimizers import lr_at
 from tfx.train import refuse_unknown_overrides
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

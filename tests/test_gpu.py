@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import tfx.step as step_mod
+import tfx.training.step as step_mod
 from tests.conftest import GPU_TEST_DEVICE, REPO
 from tests.test_train import TINY_OVERRIDES, tiny_cfg
-from tfx.checkpoint import build_from_checkpoint, load_checkpoint
+from tfx.checkpoints.load import build_from_checkpoint, load_checkpoint
 from tfx.data import prepare_data
-from tfx.decode import translate_sentences
+from tfx.evaluation.decode import translate_sentences
 from tfx.train import train
 
 pytestmark = pytest.mark.gpu
@@ -112,7 +112,7 @@ def test_one_device_torchrun(tmp_path: Path) -> None:
 def test_an_update_makes_no_host_sync(packed: bool) -> None:
     """``Stepper.update`` (bf16, fused AdamW, clip) under ``torch.cuda.set_sync_debug_mode("error")``, which
     raises on any call that waits for the GPU; packed batches too. On CPU the same step just runs
-    (tests/test_step.py guards it there)."""
+    (tests/training/test_step.py guards it there)."""
     import numpy as np
 
     from tests.conftest import tiny_model
@@ -120,9 +120,9 @@ def test_an_update_makes_no_host_sync(packed: bool) -> None:
     from tfx.config import OptimConfig
     from tfx.data import collate
     from tfx.data.packing import collate_packed, pack_first_fit
-    from tfx.optim import build_optimizer
-    from tfx.precision import Precision
-    from tfx.step import Stepper, read
+    from tfx.optim.optimizers import build_optimizer
+    from tfx.runtime.precision import Precision
+    from tfx.training.step import Stepper, read
 
     device = torch.device(DEVICE)
     split = random_split(16)

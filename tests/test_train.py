@@ -17,13 +17,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import tfx.step as step_mod
 import tfx.train as train_mod
-from tfx.checkpoint import CheckpointError, load_checkpoint
+import tfx.training.step as step_mod
+from tfx.checkpoints.load import CheckpointError, load_checkpoint
 from tfx.config import Config, DataConfig, InitConfig, ModelConfig, OptimConfig, TrainConfig, compose_config
 from tfx.data import Batch, collate, make_batches, prepare_data
-from tfx.diagnostics import rms_change
-from tfx.metrics_log import FILENAME, read_metrics
+from tfx.reporting.metrics_log import FILENAME, read_metrics
+from tfx.reporting.statistics import rms_change
 from tfx.train import Trainer, TrainingDiverged, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -284,7 +284,9 @@ def test_tensorboard_tags(tmp_path: Path) -> None:
     expected = {"train/loss", "train/nll_loss", "train/ppl", "train/lr", "train/grad_norm", "train/tokens_per_s",
                 "valid/loss", "valid/bleu"}  # fmt: skip
     assert expected <= tags, expected - tags
-    assert {"layers/enc/act_rms", "layers/dec/grad_norm"} <= set(acc.Tags()["images"])  # tests/test_dashboard.py
+    assert {"layers/enc/act_rms", "layers/dec/grad_norm"} <= set(
+        acc.Tags()["images"]
+    )  # tests/reporting/test_dashboard.py
     assert "valid/samples/text_summary" in acc.Tags()["tensors"]
     assert all(m["layers/dec/grad_norm/001"] > 0 for m in seen if "layers/dec/grad_norm/001" in m)
 

@@ -14,18 +14,18 @@ import torch
 import torch.multiprocessing as mp
 
 import tfx.data.batching as batching_mod
+import tfx.evaluation.validate as validate_mod
 import tfx.training.validation as validation_mod
-import tfx.validate as validate_mod
 from tests.test_train import free_port, join_two_ranks, tiny_cfg
-from tfx import distributed
-from tfx.checkpoint import build_from_checkpoint, load_checkpoint
+from tfx.checkpoints.load import build_from_checkpoint, load_checkpoint
 from tfx.config import Config
-from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, collate, make_batches, prepare_data
-from tfx.distributed import DistInfo
 from tfx.init import apply_init
-from tfx.metrics_log import read_metrics
 from tfx.model import build_model
+from tfx.optim.loss import label_smoothed_loss
+from tfx.reporting.metrics_log import read_metrics
+from tfx.runtime import distributed
+from tfx.runtime.distributed import DistInfo
 from tfx.train import Trainer, train
 
 EPS = 0.3  # an unusual label-smoothing value: a trainer that ignores the config uses 0.1 or 0
@@ -266,7 +266,7 @@ def test_patience_stops_after_that_many_validations_without_a_better_bleu(
     """Scripted valid BLEU per epoch 10, 12, 11, 11.5, 12 (not better), 13: patience 3 stops after the fifth
     epoch, with the best (12, epoch 2) in checkpoint_best.pt; the count survives a resume, which validates no
     more."""
-    from tfx.validate import ValidResult
+    from tfx.evaluation.validate import ValidResult
 
     scripted = iter([10.0, 12.0, 11.0, 11.5, 12.0, 13.0])
     seen: list[float] = []
@@ -294,7 +294,7 @@ def test_patience_on_valid_loss_stops_where_fairseq_would(tmp_path: Path, monkey
     """fairseq's --patience waits on its --best-checkpoint-metric, valid loss by default (lower is better, a tie is
     not better): scripted losses 5, 4, 4 (tie), 4.5, 3.9 (better: the count starts again), 4, 4, 4.2 stop after the
     eighth epoch with patience 3, while the valid BLEU, rising every epoch, would never have stopped it."""
-    from tfx.validate import ValidResult
+    from tfx.evaluation.validate import ValidResult
 
     scripted = iter([5.0, 4.0, 4.0, 4.5, 3.9, 4.0, 4.0, 4.2, 3.0])
     seen: list[float] = []
@@ -326,7 +326,7 @@ def test_a_signal_during_the_last_validation_then_a_resume_validates_once_and_co
     import os
     import signal
 
-    from tfx.validate import ValidResult
+    from tfx.evaluation.validate import ValidResult
 
     scripted = iter([12.0, 11.0, 10.0, 9.0])
 

@@ -12,8 +12,8 @@ import pytest
 
 from tests.data.helpers import PAIRS, write_hub_parquet
 from tests.test_config import load
-from tfx.checkpoint import load_checkpoint
-from tfx.optim import lr_at
+from tfx.checkpoints.load import load_checkpoint
+from tfx.optim.optimizers import lr_at
 
 REPO = Path(__file__).resolve().parents[1]
 # 2+2 layers, d 32 (8 heads of 4), a small vocabulary: the recipe's code path at a size that trains in seconds on CPU

@@ -20,13 +20,13 @@ from typing import Any
 
 from tfx.init import SCHEMES, check_fits
 from tfx.model.config import ModelConfig
-from tfx.optim import OPTIMIZERS
+from tfx.optim.optimizers import OPTIMIZERS
 
 DATA_SOURCES = ("toy", "local", "hub")
 BATCHINGS = ("padded", "packed")  # tfx/data/batching.py, tfx/data/packing.py
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # tfx/precision.py says what each does
-STRATEGIES = ("ddp", "fsdp")  # tfx/sharding.py says what fsdp does
-COMPILE_SCOPES = ("layers", "model")  # tfx/compilation.py says what each compiles
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # tfx/runtime/precision.py says what each does
+STRATEGIES = ("ddp", "fsdp")  # tfx/runtime/sharding.py says what fsdp does
+COMPILE_SCOPES = ("layers", "model")  # tfx/runtime/compilation.py says what each compiles
 PATIENCE_METRICS = ("bleu", "loss")  # what train.patience waits on: higher valid BLEU | lower valid loss
 
 
@@ -143,7 +143,7 @@ class InitConfig:
 class OptimConfig:
     """Adam or RAdam with decoupled weight decay and an inverse-sqrt schedule."""
 
-    name: str = "adam"  # adam (AdamW) | radam (what the T-Fixup reference code ran; tfx/optim.py)
+    name: str = "adam"  # adam (AdamW) | radam (what the T-Fixup reference code ran; tfx/optim/optimizers.py)
     lr: float = 5e-4  # peak learning rate
     betas: tuple[float, float] = (0.9, 0.98)  # Adam betas
     eps: float = 1e-8  # Adam epsilon
@@ -187,9 +187,10 @@ class TrainConfig:
     patience_metric: str = "bleu"
     max_minutes: float = 0.0  # stop after this much wall time; 0 = no limit
     update_freq: int = 1  # gradient accumulation steps per update
-    compile: bool = False  # torch.compile the training forward (tfx/compilation.py)
+    compile: bool = False  # torch.compile the training forward (tfx/runtime/compilation.py)
     compile_scope: str = "layers"  # layers: one graph per layer kind, reused down the stack | model: one whole graph
-    # several ranks: ddp = a full replica per rank; fsdp = weights, gradients and Adam state sharded (tfx/sharding.py)
+    # several ranks: ddp = a full replica per rank; fsdp = weights, gradients and Adam state sharded
+    # (tfx/runtime/sharding.py)
     strategy: str = "ddp"
     validate_every_updates: int = 0  # validate every N updates; 0 = once per epoch only
     validate_every_minutes: float = 0.0  # also validate every M minutes of wall time; 0 = off
@@ -207,7 +208,7 @@ class TrainConfig:
     resume_mode: str = "strict"
     progress: bool = True  # a tqdm bar on a terminal; a log line every log_every_updates otherwise
     # log probe/output_change (RMS change of the logits of a fixed batch, T-Fixup's Theta(eta) claim) after each
-    # of the first N updates, to TensorBoard and metrics.jsonl (tfx.diagnostics.OutputChange); 0 = off
+    # of the first N updates, to TensorBoard and metrics.jsonl (tfx.reporting.statistics.OutputChange); 0 = off
     probe_updates: int = 0
     probe_sentences: int = 8  # the fixed batch: the first this many valid pairs
 

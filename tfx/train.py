@@ -1,11 +1,11 @@
 """``python -m tfx.train [+experiment=NAME] [key=value ...]``: the Hydra entry point.
 
-Order: data -> model -> init -> optimizer (``tfx.build``). Adam without warmup (T-Fixup) or with it
-(Post-LN baseline), label-smoothed cross-entropy, BLEU validation (``tfx.validate``), metrics.jsonl and
-TensorBoard under ``<run>/tb`` (``tfx.reporter``), checkpoints under ``<run>/checkpoints``
-(``tfx.run_checkpoints``; what they hold: ``tfx.train_state``). The loop itself is ``tfx.training``
+Order: data -> model -> init -> optimizer (``tfx.training.build``). Adam without warmup (T-Fixup) or with it
+(Post-LN baseline), label-smoothed cross-entropy, BLEU validation (``tfx.evaluation.validate``), metrics.jsonl and
+TensorBoard under ``<run>/tb`` (``tfx.reporting.reporter``), checkpoints under ``<run>/checkpoints``
+(``tfx.checkpoints.manager``; what they hold: ``tfx.checkpoints.train_state``). The loop itself is ``tfx.training``
 (``Trainer``, ``train``, re-exported here). Runs as is on one device or under ``torchrun
---nproc_per_node=K`` (DDP, or FSDP with ``train.strategy=fsdp``: ``tfx.sharding``; rank 0 alone logs
+--nproc_per_node=K`` (DDP, or FSDP with ``train.strategy=fsdp``: ``tfx.runtime.sharding``; rank 0 alone logs
 and writes).
 """
 
@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tfx.checkpoint import CheckpointError
+from tfx.checkpoints.load import CheckpointError
+from tfx.checkpoints.train_state import TrainingDiverged
 from tfx.config import CONF_DIR, Config, register_configs, to_config, unknown_key
 from tfx.data import DataError
-from tfx.distributed import DeviceError
-from tfx.precision import PrecisionError
-from tfx.sharding import ShardingError
-from tfx.train_state import TrainingDiverged
+from tfx.runtime.distributed import DeviceError
+from tfx.runtime.precision import PrecisionError
+from tfx.runtime.sharding import ShardingError
 from tfx.training.schedule import Action, Every
 from tfx.training.trainer import StopSignal, Trainer, UpdateHook, train
 

@@ -5,7 +5,7 @@
 #   scripts/audit/mutation_check.sh optim criterion  # some of them
 #   MUTATION_TESTS=all scripts/audit/mutation_check.sh optim   # against the whole fast suite (slow)
 #   MUTATION_REPO=/other/checkout scripts/audit/mutation_check.sh optim   # measure another tree's tests
-#   MUTATION_FILTER='tfx.decode.x_length_normalized* tfx.decode.x__finish*' scripts/audit/mutation_check.sh decode
+#   MUTATION_FILTER='tfx.evaluation.decode.x_length_normalized* tfx.evaluation.decode.x__finish*' scripts/audit/mutation_check.sh decode
 #       # only the mutants whose names match (mutmut's globs): the score covers the mutants checked
 #   MUTATION_TIMEOUT=5 scripts/audit/mutation_check.sh decode
 #       # a mutant is a timeout (detected) past 5x its tests' clean time (mutmut's default: 15x)
@@ -23,12 +23,12 @@ WORK=${MUTATION_WORK:-${TMPDIR:-/tmp}/tfx-mutation}
 CHILDREN=${MUTATION_CHILDREN:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 declare -A SOURCES=(
-  [init]="tfx/init/*" [criterion]="tfx/criterion.py" [optim]="tfx/optim.py" [decode]="tfx/decode.py"
-  [average]="tfx/average.py" [model]="tfx/model/*" [batching]="tfx/data/batching.py"
+  [init]="tfx/init/*" [criterion]="tfx/optim/loss.py" [optim]="tfx/optim/optimizers.py" [decode]="tfx/evaluation/decode.py"
+  [average]="tfx/evaluation/average.py" [model]="tfx/model/*" [batching]="tfx/data/batching.py"
 )
 declare -A TESTS=(
-  [init]="tests/init" [criterion]="tests/test_criterion.py" [optim]="tests/test_optim*.py"
-  [decode]="tests/test_decode.py" [average]="tests/test_average*.py" [model]="tests/model"
+  [init]="tests/init" [criterion]="tests/optim/test_loss.py" [optim]="tests/test_optim*.py"
+  [decode]="tests/evaluation/test_decode.py" [average]="tests/test_average*.py" [model]="tests/model"
   [batching]="tests/data/test_batching.py"
 )
 # Fast tests left out of a module's mutation runs: slow per mutant and checking no arithmetic

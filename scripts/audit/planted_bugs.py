@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[2]
-AVERAGE = ["tests/test_average.py", "tests/test_average_values.py", "tests/test_average_cli.py"]
+AVERAGE = [
+    "tests/evaluation/test_average.py",
+    "tests/evaluation/test_average_values.py",
+    "tests/evaluation/test_average_cli.py",
+]
 
 
 def wiring(*names: str) -> list[str]:
@@ -43,14 +47,14 @@ class Bug(NamedTuple):
 
 
 BUGS = [
-    Bug("lenpen-off", "length penalty off in the beam step and length_normalized", "tfx/decode.py", [
+    Bug("lenpen-off", "length penalty off in the beam step and length_normalized", "tfx/evaluation/decode.py", [
         ("norm = (step + 1) ** lenpen", "norm = 1.0"),
         ("return logprob / (n_tokens + 1) ** lenpen", "return logprob"),
-    ], ["tests/test_decode.py"]),
-    Bug("average-by-2", "tfx.average divides by a constant 2", "tfx/average.py", [
+    ], ["tests/evaluation/test_decode.py"]),
+    Bug("average-by-2", "tfx.average divides by a constant 2", "tfx/evaluation/average.py", [
         ("(sums[k] / len(paths))", "(sums[k] / 2)"),
     ], AVERAGE),
-    Bug("average-ends", "tfx.average averages only the first and last checkpoint", "tfx/average.py", [
+    Bug("average-ends", "tfx.average averages only the first and last checkpoint", "tfx/evaluation/average.py", [
         ("for path in paths[1:]:", "for path in paths[-1:]:"),
         ("(sums[k] / len(paths))", "(sums[k] / min(len(paths), 2))"),
     ], AVERAGE),
@@ -78,27 +82,27 @@ BUGS = [
     Bug("embed-scale", "no sqrt(d) embedding scale", "tfx/model/transformer.py", [
         ("self.scale = math.sqrt(embed.embedding_dim)", "self.scale = 1.0"),
     ], ["tests/model/"]),
-    Bug("ddp-world-size", "DDP: no world-size factor on the loss", "tfx/step.py", [
+    Bug("ddp-world-size", "DDP: no world-size factor on the loss", "tfx/training/step.py", [
         ("loss * self.world_size / denominator", "loss / denominator"),
     ], wiring(TWO_RANKS)),
-    Bug("ddp-local-tokens", "DDP: loss divided by this rank's tokens (no all-reduce)", "tfx/step.py", [
+    Bug("ddp-local-tokens", "DDP: loss divided by this rank's tokens (no all-reduce)", "tfx/training/step.py", [
         ("return distributed.all_reduce_sum(on_device, self.device)", "return on_device"),
     ], wiring(TWO_RANKS)),
-    Bug("no-token-norm", "loss not divided by the update's token count", "tfx/step.py", [
+    Bug("no-token-norm", "loss not divided by the update's token count", "tfx/training/step.py", [
         ("loss * self.world_size / denominator", "loss * self.world_size"),
     ], wiring(FIRST_UPDATE, TWO_RANKS)),
-    Bug("diag-sum", "diagnostics sum per-tensor norms instead of the L2 norm", "tfx/diagnostics.py", [
+    Bug("diag-sum", "diagnostics sum per-tensor norms instead of the L2 norm", "tfx/reporting/statistics.py", [
         ("return torch.stack(norms).norm() if norms", "return torch.stack(norms).sum() if norms"),
-    ], ["tests/test_diagnostics.py"]),
-    Bug("diag-rms-sqrt", "activation RMS without the sqrt", "tfx/diagnostics.py", [
+    ], ["tests/reporting/test_statistics.py", "tests/reporting/test_init_report.py"]),
+    Bug("diag-rms-sqrt", "activation RMS without the sqrt", "tfx/reporting/statistics.py", [
         ("return sq.mean().sqrt()", "return sq.mean()"),
         ("/ keep.sum().clamp(min=1.0)).sqrt()", "/ keep.sum().clamp(min=1.0))"),
-    ], ["tests/test_diagnostics.py"]),
-    Bug("average-no-spm-check", "tfx.average without the sentencepiece-bytes check", "tfx/average.py", [
+    ], ["tests/reporting/test_statistics.py", "tests/reporting/test_init_report.py"]),
+    Bug("average-no-spm-check", "tfx.average without the sentencepiece-bytes check", "tfx/evaluation/average.py", [
         ('    if first.get("spm_model") != other.get("spm_model"):\n'
          '        return "their sentencepiece models differ"\n', ""),
     ], AVERAGE),
-    Bug("train-smoothing", "trainer ignores optim.label_smoothing (uses 0.1)", "tfx/step.py", [
+    Bug("train-smoothing", "trainer ignores optim.label_smoothing (uses 0.1)", "tfx/training/step.py", [
         ("label_smoothed_loss(logits, batch.target, self.opt.label_smoothing, PAD)",
          "label_smoothed_loss(logits, batch.target, 0.1, PAD)"),
     ], wiring(FIRST_UPDATE)),
@@ -108,7 +112,7 @@ BUGS = [
     Bug("best-always", "checkpoint_best.pt written at every validation", "tfx/training/validation.py", [
         ("improved = result.bleu > self.state.best_bleu", "improved = True"),
     ], wiring(BEST)),
-    Bug("valid-loss-nats", "validation loss in nats, not bits", "tfx/validate.py", [
+    Bug("valid-loss-nats", "validation loss in nats, not bits", "tfx/evaluation/validate.py", [
         ("loss_sum / ntokens / math.log(2), nll_sum", "loss_sum / ntokens, nll_sum"),
     ], wiring(BEST)),
     Bug("resume-restarts-epoch", "resume restarts the epoch from its first batch", "tfx/training/resume.py", [
@@ -118,19 +122,19 @@ BUGS = [
     Bug("epoch-not-passed", "every epoch shuffled as epoch 1", "tfx/training/trainer.py", [
         ("batches = self.batches.epoch(self.state.epoch)", "batches = self.batches.epoch(1)"),
     ], wiring("each_epoch_is_shuffled_with_its_own_number")),
-    Bug("keep-last-off-by-one", "keep_last keeps one checkpoint too many", "tfx/run_checkpoints.py", [
+    Bug("keep-last-off-by-one", "keep_last keeps one checkpoint too many", "tfx/checkpoints/manager.py", [
         ("numbered[: -self.keep_last]", "numbered[: -self.keep_last - 1]"),
     ], wiring(BEST, "keep_last_prunes_by_update_not_by_file_name")),
-    Bug("keep-last-by-name", "keep_last prunes by file name, not by step", "tfx/run_checkpoints.py", [
+    Bug("keep-last-by-name", "keep_last prunes by file name, not by step", "tfx/checkpoints/manager.py", [
         ('key=lambda p: int(p.stem.rsplit("_", 1)[1])', "key=lambda p: p.name"),
     ], wiring("keep_last_prunes_by_update_not_by_file_name")),
-    Bug("max-epochs-off-by-one", "max_epochs stops one epoch early", "tfx/train_state.py", [
+    Bug("max-epochs-off-by-one", "max_epochs stops one epoch early", "tfx/checkpoints/train_state.py", [
         ("self.epoch > t.max_epochs", "self.epoch >= t.max_epochs"),
     ], wiring("max_epochs_runs_whole_epochs")),
-    Bug("max-minutes-seconds", "max_minutes read as seconds", "tfx/train_state.py", [
+    Bug("max-minutes-seconds", "max_minutes read as seconds", "tfx/checkpoints/train_state.py", [
         ("self.train_seconds >= 60 * t.max_minutes", "self.train_seconds >= t.max_minutes"),
     ], wiring("max_minutes_counts_minutes_of_training_time")),
-    Bug("max-minutes-ignored", "max_minutes ignored", "tfx/train_state.py", [
+    Bug("max-minutes-ignored", "max_minutes ignored", "tfx/checkpoints/train_state.py", [
         ("return not (t.max_minutes and self.train_seconds >= 60 * t.max_minutes)", "return True"),
     ], wiring("max_minutes_stops_after_the_first_update", "max_minutes_counts_minutes_of_training_time")),
     Bug("validate-minutes-seconds", "validate_every_minutes read as seconds", "tfx/training/validation.py", [

@@ -1,7 +1,7 @@
 """Cold ``torch.compile`` time by ``train.compile_scope`` and depth: what the first training update costs.
 
 Each row is a fresh process with an empty inductor cache (a cold start, as a new run on a new machine): it
-builds the model at the given depth, compiles it as ``tfx.compilation.compile_for_training`` does (``layers``:
+builds the model at the given depth, compiles it as ``tfx.runtime.compilation.compile_for_training`` does (``layers``:
 one graph per layer kind; ``model``: the whole forward; ``off``: eager), runs one forward + backward of a packed
 batch (one shape, so a static compile), then times ``--steps`` more. ``frames`` is what dynamo compiled.
 
@@ -27,9 +27,9 @@ def one(scope: str, layers: int, d_model: int, device: str, precision: str, step
     import torch
     from torch._dynamo.utils import counters
 
-    from tfx.compilation import compile_for_training
     from tfx.model import build_model
     from tfx.model.packing import Packing
+    from tfx.runtime.compilation import compile_for_training
 
     torch.manual_seed(0)
     torch.set_num_threads(1 if device == "cpu" else torch.get_num_threads())

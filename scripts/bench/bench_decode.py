@@ -9,7 +9,7 @@ Both paths decode the same batches; the uncached one (the whole prefix recompute
 on the first ``--uncached-limit`` sentences only, and the speed-up compares both on that subset.
 Outputs on the subset must be identical. On a shared machine pass ``--threads 1`` for stable numbers.
 
-``--peer`` decodes the same sentences with the same Post-LN model (converted by ``tfx.fairseq_format``) in
+``--peer`` decodes the same sentences with the same Post-LN model (converted by ``tfx.evaluation.fairseq_format``) in
 fairseq 0.12.2's ``fairseq-generate`` and prints both sides' generated tokens/s, the ratio, the share of
 identical best hypotheses and the teacher-forced log-prob difference; docs/benchmarks.md "Decoding against
 fairseq-generate" says what is matched and why.
@@ -33,14 +33,12 @@ import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `
 import numpy as np
 import torch
 
-from tfx import decode
-from tfx.bleu import corpus_bleu
 from tfx.config import compose_config
 from tfx.data import BOS, EOS, PAD, prepare_data, read_parallel_text
-from tfx.decode import beam_search, length_batches, pad_batch
-from tfx.diagnostics import random_tokens
-from tfx.distributed import resolve_device
-from tfx.fairseq_format import (
+from tfx.evaluation import decode
+from tfx.evaluation.bleu import corpus_bleu
+from tfx.evaluation.decode import beam_search, length_batches, pad_batch
+from tfx.evaluation.fairseq_format import (
     FAIRSEQ_EOS,
     FAIRSEQ_PAD,
     dictionary_lines,
@@ -52,9 +50,11 @@ from tfx.fairseq_format import (
     strip_unk,
     tfx_to_fairseq,
 )
+from tfx.evaluation.translate import load_model, read_text_lines
 from tfx.init import apply_init
 from tfx.model import ModelConfig, Transformer, build_model
-from tfx.translate import load_model, read_text_lines
+from tfx.reporting.init_report import random_tokens
+from tfx.runtime.distributed import resolve_device
 
 MULTI30K = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 FAIRSEQ_VENV = Path(os.environ.get("FAIRSEQ_PEER_DIR", "/tmp/fairseq_peer")) / "venv"  # fairseq_peer.sh's

@@ -2,8 +2,8 @@
 
 Times the trainer's own update: the experiment's model (``+experiment=NAME`` plus any Hydra
 overrides), its init, fused AdamW and ``train.precision``, optionally ``torch.compile``, stepped by
-``tfx.step.Stepper.update`` (forward, label-smoothed loss, backward, clip, optimizer step, on the
-device with no host sync) and read with ``tfx.step.read`` once, after the timed loop, as
+``tfx.training.step.Stepper.update`` (forward, label-smoothed loss, backward, clip, optimizer step, on the
+device with no host sync) and read with ``tfx.training.step.read`` once, after the timed loop, as
 ``python -m tfx.train`` reads a log interval. Batches stay in (pinned) host memory and each update
 copies its own to the device, as in the trainer; ``train.layer_stats_every_updates`` updates are
 not in the figure.
@@ -19,14 +19,14 @@ Batches (``--batching padded|packed``):
   from the experiment's corpus (``data.batching`` set from ``--batching``), collated before the clock.
 
 ``torch.compile`` (``--compile on``) is static (``dynamic=False``) when every batch has one shape
-(packed, or synthetic with one length), with symbolic shapes otherwise, as ``tfx.build.wrap``
-decides, over ``train.compile_scope`` (default ``layers``: one graph per layer kind, ``tfx.compilation``).
+(packed, or synthetic with one length), with symbolic shapes otherwise, as ``tfx.training.build.wrap``
+decides, over ``train.compile_scope`` (default ``layers``: one graph per layer kind, ``tfx.runtime.compilation``).
 Each row reports the first warm-up update's wall time (cold: compilation, allocator and kernel warm-up),
 the graphs dynamo compiled and the recompiles (frames compiled after the first update; a static run expects
 none), and on CUDA, from one ``torch.profiler`` update after the timed
 loop, the kernels per update and the GPU-busy fraction (CUDA kernel time of that update over the
 timed ms/update); on CPU those two are n/a. Under a compiled row, a warning names each problem
-``tfx.compilation.compile_problems`` finds: graph breaks (with dynamo's reason), more graphs than the
+``tfx.runtime.compilation.compile_problems`` finds: graph breaks (with dynamo's reason), more graphs than the
 scope makes (2 for ``layers``, 1 for ``model``), recompiles.
 
 Model FLOPs utilization (MFU, as in PaLM, Chowdhery et al. 2022, appendix B) counts the FLOPs the
@@ -91,23 +91,23 @@ import torch
 from torch import Tensor
 
 from tfx.bench.torch_peer import PeerTrainer, time_steps
-from tfx.build import fresh_stepper
-from tfx.compilation import (
+from tfx.config import Config, compose_config
+from tfx.data import BOS, PAD, Batch, prepare_data
+from tfx.data.plan import TrainBatches
+from tfx.model import Transformer
+from tfx.model.packing import Packing
+from tfx.optim.optimizers import lr_at
+from tfx.runtime.compilation import (
     GRAPHS_PER_SCOPE,
     CompileCounts,
     compile_counts,
     compile_problems,
     reset_compile_counts,
 )
-from tfx.config import Config, compose_config
-from tfx.data import BOS, PAD, Batch, prepare_data
-from tfx.data.plan import TrainBatches
-from tfx.distributed import DeviceError, resolve_device
-from tfx.model import Transformer
-from tfx.model.packing import Packing
-from tfx.optim import lr_at
-from tfx.precision import Precision
-from tfx.step import Pending, Stepper, read
+from tfx.runtime.distributed import DeviceError, resolve_device
+from tfx.runtime.precision import Precision
+from tfx.training.build import fresh_stepper
+from tfx.training.step import Pending, Stepper, read
 
 PEER_SCRIPT = Path(__file__).resolve().parents[3] / "shared" / "bench" / "fairseq_peer.sh"
 PEER_LOG_INTERVAL = 10  # fairseq_peer.sh's --log-interval
@@ -239,9 +239,9 @@ def batch_flops(model: Transformer, d_model: int, vocab: int, batch: Batch) -> f
 
 # ------------------------------------------------------------ the update
 def build_stepper(cfg: Config, vocab: int, device: torch.device, backend: str | None, batches: list[Batch]) -> Stepper:
-    """The trainer's update, built by ``tfx.build.fresh_stepper`` (the trainer's order and settings), compiled with
-    ``backend`` (None: not compiled). Static when the batches have one shape (``tfx.build.wrap`` compiles a packed
-    run so; a synthetic padded one of one length is static too); Admin profiles the first batch."""
+    """The trainer's update, built by ``tfx.training.build.fresh_stepper`` (the trainer's order and settings), compiled
+    with ``backend`` (None: not compiled). Static when the batches have one shape (``tfx.training.build.wrap`` compiles
+    a packed run so; a synthetic padded one of one length is static too); Admin profiles the first batch."""
     train = dataclasses.replace(cfg.train, compile=backend is not None)
     cfg = dataclasses.replace(cfg, train=train)
     return fresh_stepper(cfg, vocab, device, lambda: batches[0], one_shape(batches), backend or "inductor")
@@ -540,8 +540,8 @@ def table_row(r: Result) -> str:
 
 
 def warnings_for(r: Result, scope: str) -> list[str]:
-    """What makes a row's figure suspect: skipped updates, and what ``tfx.compilation.compile_problems`` finds in
-    a compiled row (``scope``: ``train.compile_scope``, which sets the graphs expected). Call it before the next
+    """What makes a row's figure suspect: skipped updates, and what ``tfx.runtime.compilation.compile_problems`` finds
+    in a compiled row (``scope``: ``train.compile_scope``, which sets the graphs expected). Call it before the next
     row resets dynamo's counters (the graph breaks' reasons are read there)."""
     notes = []
     if r.skipped:
@@ -702,7 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     overrides = [*args.overrides, f"train.device={args.device}", f"data.batching={args.batching}"]
-    threads = [f"train.threads={args.threads}"] if args.threads > 0 else []  # tfx.build sets them, as tfx.train's
+    threads = (
+        [f"train.threads={args.threads}"] if args.threads > 0 else []
+    )  # tfx.training.build sets them, as tfx.train's
     cfg = compose(args.experiment, [*overrides, *threads])
     args.vocab = args.vocab or cfg.data.vocab_size
     batches = prepare_batches(cfg, args, torch.device(args.device))

@@ -1,7 +1,7 @@
 """Build fairseq's transformer from its own arch arguments, load tfx's converted weights, save a checkpoint.
 
 Runs under fairseq's Python (fairseq 0.12.2 does not import on 3.11), called by ``scripts/bench/bench_decode.py
---peer``; the weights come from ``tfx.fairseq_format.fairseq_state_dict`` as an ``.npz`` (plain arrays, no
+--peer``; the weights come from ``tfx.evaluation.fairseq_format.fairseq_state_dict`` as an ``.npz`` (plain arrays, no
 pickles across torch versions):
 
     VENV/bin/python scripts/bench/fairseq_convert.py DATA_DIR WEIGHTS.npz OUT.pt [--check IN.npz OUT.npz] -- ARCH_ARGS

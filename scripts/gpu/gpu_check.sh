@@ -128,7 +128,7 @@ import platform
 
 import torch
 
-from tfx.checkpoint import git_sha
+from tfx.checkpoints.load import git_sha
 
 cpu = f"CPU ({platform.processor() or platform.machine()})"
 device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu

@@ -34,7 +34,7 @@ from typing import Any
 
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
-from tfx.metrics_log import FILENAME, read_metrics
+from tfx.reporting.metrics_log import FILENAME, read_metrics
 from tfx.studies.arms import ARMS, DEFAULT_ARMS
 from tfx.studies.harness import (
     CHECKOUT,

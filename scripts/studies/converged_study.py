@@ -60,7 +60,7 @@ from typing import Any
 
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
-from tfx.metrics_log import FILENAME
+from tfx.reporting.metrics_log import FILENAME
 from tfx.studies.arms import ARMS, DEFAULT_ARMS, add_conf_dirs, conf_dirs, write_arm, write_arms
 from tfx.studies.converged_report import write_report
 from tfx.studies.converged_runs import (

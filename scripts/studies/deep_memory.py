@@ -49,12 +49,13 @@ import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `
 import torch
 from torch.utils.checkpoint import checkpoint
 
-# Run as a plain file from a checkout without `pip install -e .`: make the repo root importable.
-from tfx.criterion import label_smoothed_loss
-from tfx.diagnostics import random_tokens
-from tfx.distributed import DeviceError, resolve_device
 from tfx.init import apply_init
 from tfx.model import ModelConfig, Transformer
+
+# Run as a plain file from a checkout without `pip install -e .`: make the repo root importable.
+from tfx.optim.loss import label_smoothed_loss
+from tfx.reporting.init_report import random_tokens
+from tfx.runtime.distributed import DeviceError, resolve_device
 
 PAD = 1  # any id: the random batch has no padding
 MB = 2**20

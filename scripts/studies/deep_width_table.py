@@ -155,8 +155,8 @@ def first_step_probe(model, first, second, optim, lrs: list[float]) -> tuple[flo
     """
     import torch
 
-    from tfx.criterion import label_smoothed_loss
     from tfx.data import PAD
+    from tfx.optim.loss import label_smoothed_loss
 
     def bits(batch) -> torch.Tensor:
         loss, _ = label_smoothed_loss(model(batch.src_tokens, batch.prev_output_tokens), batch.target,

@@ -2,7 +2,7 @@
 
 Each (arm, depth) is one ``tfx.train`` run in ``<out>/runs/<arm>_N<depth>/``, launched by Hydra's joblib launcher
 (``--jobs`` runs at once, ``--threads`` torch threads each, deepest first); everything in the table comes from
-each run's own ``metrics.jsonl`` (``tfx/metrics_log.py``). An arm is a ``method`` (conf/method/) plus, for
+each run's own ``metrics.jsonl`` (``tfx/reporting/metrics_log.py``). An arm is a ``method`` (conf/method/) plus, for
 ``tfixup_radam``, the optimizer the T-Fixup reference code ran (``optim.name=radam``): methods compare on one
 optimizer, so RAdam is an override of the study, not a method. Each arm is written as a config in
 ``<out>/arms/arm/`` and Hydra's search path gets that folder, so one sweep ``+arm=...`` covers every arm.
@@ -17,7 +17,7 @@ up (postln, deepnorm, admin) warm up over a quarter of them (``optim.budget_warm
 - ``diverged``: ``non-finite`` (the trainer stopped after 10 consecutive non-finite steps, or the final loss is
   not finite), ``loss rose`` (final above first), ``no``, or why the run did not end (``unfinished``,
   ``stopped by SIGTERM``);
-- ``max/median Δf``: ``probe/output_change`` (``tfx.diagnostics.OutputChange``) over the first 100 updates: the
+- ``max/median Δf``: ``probe/output_change`` (``tfx.reporting.statistics.OutputChange``) over the first 100 updates: the
   RMS change per update of the logits of 8 fixed valid sentences, T-Fixup's Θ(η) claim.
 
 Outputs: ``depth_study.md`` (the table), ``depth_study.png`` (train loss, one panel per arm, one line per depth),
@@ -45,7 +45,7 @@ from typing import Any
 
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
-from tfx.metrics_log import FILENAME, read_metrics
+from tfx.reporting.metrics_log import FILENAME, read_metrics
 from tfx.studies.arms import ARMS
 from tfx.studies.harness import multirun, open_study, running_mean, train_or_replot
 

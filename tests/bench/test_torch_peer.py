@@ -11,7 +11,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.compile_fx import compile_fx
 
 from tfx.bench import torch_peer
-from tfx.compilation import reset_compile_counts
+from tfx.runtime.compilation import reset_compile_counts
 
 NATIVE_BF16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # the hardware's answer (AVX512-BF16/AMX)
 SIZES = {"d_model": 32, "heads": 4, "ffn_dim": 64, "n_enc": 1, "n_dec": 1}

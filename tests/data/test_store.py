@@ -186,9 +186,10 @@ def _prepare_on_rank(rank: int, cfg: DataConfig, port: int, out: str) -> None:
     import torch
 
     from tests.test_train import join_two_ranks
-    from tfx import build, distributed
     from tfx.config import Config, TrainConfig
     from tfx.data.plan import TrainBatches
+    from tfx.runtime import distributed
+    from tfx.training import build
 
     join_two_ranks(rank, port)
     encoded: list[str] = []

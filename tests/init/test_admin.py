@@ -13,7 +13,7 @@ from torch.nn.functional import layer_norm
 from tests.conftest import PAD, tiny_model
 from tests.init.test_schemes import toy_batch
 from tests.test_train import tiny_cfg
-from tfx.checkpoint import load_checkpoint
+from tfx.checkpoints.load import load_checkpoint
 from tfx.init import apply_init
 from tfx.model.residual import Admin
 from tfx.train import Trainer, train

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from tests.conftest import VOCAB, tiny_model
-from tfx.criterion import label_smoothed_loss
 from tfx.data import PAD, collate
 from tfx.data.corpus import EncodedSplit
 from tfx.data.packing import collate_packed, pack_first_fit
 from tfx.model import RESIDUALS
 from tfx.model.packing import segment_mask
+from tfx.optim.loss import label_smoothed_loss
 
 
 def random_split(n: int = 14, seed: int = 0) -> EncodedSplit:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.reliability.helpers import cli, tiny_cfg, with_changes
-from tfx.checkpoint import CheckpointError, load_checkpoint
+from tfx.checkpoints.load import CheckpointError, load_checkpoint
 from tfx.train import train
 
 PARTS = {"max_updates": 6, "save_every_updates": 3, "validate_every_updates": 3}

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import tfx.translate
+import tfx.evaluation.translate
 from tests.reliability.helpers import cli, tiny_cfg
-from tfx.distributed import DeviceError, available_devices
+from tfx.runtime.distributed import DeviceError, available_devices
 from tfx.train import train
 
 MISSING = ["cuda:99", "tpu", "garbage"] + ([] if torch.cuda.is_available() else ["cuda"])
@@ -33,17 +33,17 @@ def test_cli_missing_device_is_one_line(tmp_path: Path) -> None:
 
 
 def test_translate_with_a_missing_device_is_one_line(tmp_path: Path, capsys) -> None:
-    assert tfx.translate.main([str(tmp_path / "x.pt"), "--device", "cuda:99"]) == 1
+    assert tfx.evaluation.translate.main([str(tmp_path / "x.pt"), "--device", "cuda:99"]) == 1
     assert "--device=cuda:99: no such device" in capsys.readouterr().err
 
 
 def test_translate_given_a_folder_lists_its_checkpoints(tmp_path: Path, capsys) -> None:
     train(tiny_cfg(tmp_path, max_updates=2, save_every_updates=2), tmp_path / "run")
-    assert tfx.translate.main([str(tmp_path / "run"), "--device", "cpu"]) == 1
+    assert tfx.evaluation.translate.main([str(tmp_path / "run"), "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"checkpoint {tmp_path / 'run'} is a folder" in err
     assert "checkpoints/checkpoint_last.pt" in err and "checkpoints/checkpoint_1_2.pt" in err
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert tfx.translate.main([str(empty), "--device", "cpu"]) == 1
+    assert tfx.evaluation.translate.main([str(empty), "--device", "cpu"]) == 1
     assert "is a folder; it holds no .pt checkpoint files" in capsys.readouterr().err

@@ -14,9 +14,9 @@ import tfx.data.sources as sources
 from tests.reliability.helpers import tiny_cfg, with_changes
 from tests.reliability.test_resume_compat import write_corpus
 from tests.test_config import load
-from tfx.checkpoint import load_checkpoint
+from tfx.checkpoints.load import load_checkpoint
 from tfx.data import DataError, prepare_data
-from tfx.run_splits import data_config
+from tfx.evaluation.run_splits import data_config
 from tfx.train import train
 
 

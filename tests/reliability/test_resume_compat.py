@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.reliability.helpers import tiny_cfg, with_changes
-from tfx.checkpoint import CheckpointError, load_checkpoint
+from tfx.checkpoints.load import CheckpointError, load_checkpoint
 from tfx.config import Config, DataConfig, TrainConfig
 from tfx.data import prepare_data
 from tfx.data.sources import toy_split

@@ -10,10 +10,10 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-import tfx.distributed
+import tfx.runtime.distributed
 from tests.reliability.helpers import tiny_cfg, with_changes
 from tests.test_train import free_port
-from tfx.checkpoint import load_checkpoint
+from tfx.checkpoints.load import load_checkpoint
 from tfx.train import Trainer, train
 
 
@@ -30,7 +30,7 @@ def test_resume_on_another_device_restores_the_rng_state(tmp_path: Path, monkeyp
     cfg = tiny_cfg(tmp_path, max_updates=2)
     train(cfg, tmp_path / "run")
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_last.pt")
-    monkeypatch.setattr(tfx.distributed, "resolve_device", lambda *args, **kwargs: torch.device("meta"))
+    monkeypatch.setattr(tfx.runtime.distributed, "resolve_device", lambda *args, **kwargs: torch.device("meta"))
     torch.manual_seed(12345)
     trainer = Trainer(with_changes(cfg, train={"max_updates": 4}), tmp_path / "run")
     try:
@@ -70,7 +70,7 @@ def _rank_worker(rank: int, cfg, run_dir: str, ports: tuple[int, int], out: str)
                 record["resumed"] = torch.get_rng_state()
         finally:
             trainer.close()
-            tfx.distributed.teardown()
+            tfx.runtime.distributed.teardown()
     torch.save(record, f"{out}.{rank}")
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tests.reliability.helpers import cli, read_only, tiny_cfg
-from tfx.checkpoint import CheckpointError, load_checkpoint
-from tfx.run_checkpoints import CheckpointManager
+from tfx.checkpoints.load import CheckpointError, load_checkpoint
+from tfx.checkpoints.manager import CheckpointManager
 from tfx.train import train
 
 

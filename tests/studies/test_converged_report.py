@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import load_script
 from tests.scripts.studies.test_converged_study import _one_line_corpus, _RecordingQueue, _valid_run
-from tfx.bleu import corpus_bleu
+from tfx.evaluation.bleu import corpus_bleu
 from tfx.studies import converged_report
 
 

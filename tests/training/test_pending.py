@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from tfx.step import Pending
-from tfx.train_state import TrainState
+from tfx.checkpoints.train_state import TrainState
 from tfx.training.pending import PendingUpdates
+from tfx.training.step import Pending
 
 
 def pending(loss: float) -> Pending:
@@ -23,5 +23,9 @@ def test_the_queue_counts_its_updates_as_applied_and_reads_them_in_order() -> No
     queue.push(pending(2.0))
     assert (queue.step, queue.full) == (9, True)
     assert queue.read() == [{"train/lr": 0.1, "loss": 1.0}, {"train/lr": 0.1, "loss": 2.0}]
-    assert (len(queue), queue.step, state.step) == (0, 7, 7)  # counting them is the caller's (tfx.step.account)
+    assert (len(queue), queue.step, state.step) == (
+        0,
+        7,
+        7,
+    )  # counting them is the caller's (tfx.training.step.account)
     assert state.train_seconds > 0.0  # the wait for the device is training time

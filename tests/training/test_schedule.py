@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from tfx.checkpoints.train_state import TrainState
 from tfx.config import TrainConfig
-from tfx.train_state import TrainState
 from tfx.training.schedule import NEVER, Action, BudgetSpent, Every, Until, loop_schedule
 
 

@@ -9,9 +9,9 @@ import pytest
 
 import tfx.training.pending as pending_mod
 from tests.test_train import tiny_cfg
-from tfx.step import Stepper
 from tfx.train import Trainer, train
 from tfx.training.schedule import Action, Every
+from tfx.training.step import Stepper
 
 
 def test_a_registered_action_runs_at_its_interval_and_only_then(

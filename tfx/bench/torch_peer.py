@@ -81,7 +81,10 @@ class PeerTrainer:
         ``dropout``: the iwslt recipe's 0.3 (tests set 0, to compare compiled and eager losses)."""
         self.device = device
         self.model = PeerTransformer(vocab, **sizes, dropout=dropout).to(device).train()
-        fused = device.type in ("cuda", "cpu")  # one kernel per parameter, as tfx.optim's (CPU since torch 2.4)
+        fused = device.type in (
+            "cuda",
+            "cpu",
+        )  # one kernel per parameter, as tfx.optim.optimizers's (CPU since torch 2.4)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0,
                                            fused=fused, foreach=not fused)  # fmt: skip
         self.bf16 = native_bf16(device) if bf16 is None else bf16

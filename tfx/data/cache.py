@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from tfx.atomic import atomic_open
+from tfx.files.atomic import atomic_open
 
 log = logging.getLogger(__name__)
 

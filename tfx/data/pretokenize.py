@@ -10,7 +10,7 @@ sacremoses. Measured against the anchor's files with BPE removed, word for word:
 both languages; the 8 others differ in where a period lands beside a closing quote (docs/converged.md,
 "published anchor").
 
-Lowercasing comes first, as in the release (``tfx.bleu.moses_tokenize`` follows fairseq's IWSLT'14 order,
+Lowercasing comes first, as in the release (``tfx.evaluation.bleu.moses_tokenize`` follows fairseq's IWSLT'14 order,
 tokenize then lowercase), and Moses' final-period rule of newer ``tokenizer.perl`` versions is not applied:
 the release keeps ``10.`` whole at a line's end, and so does this.
 

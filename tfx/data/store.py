@@ -114,7 +114,7 @@ class StoreWriter:
     """
 
     def __init__(self, path: str | Path, dtype: np.dtype) -> None:
-        from tfx.atomic import atomic_open
+        from tfx.files.atomic import atomic_open
 
         self.path, self.dtype = Path(path), np.dtype(dtype).newbyteorder("<")
         self._exit = contextlib.ExitStack()

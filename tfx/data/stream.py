@@ -155,7 +155,7 @@ class DigestMemo:
     def _save(self) -> None:
         if self.path is None:
             return
-        from tfx.atomic import atomic_open
+        from tfx.files.atomic import atomic_open
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_open(self.path, "w") as f:

@@ -13,8 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from tfx.bleu import paired_bootstrap
 from tfx.data.sources import read_lines
+from tfx.evaluation.bleu import paired_bootstrap
 from tfx.studies.arms import ARMS, DEFAULT_ARMS
 from tfx.studies.converged_runs import (
     KINDS,

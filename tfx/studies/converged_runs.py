@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from tfx.metrics_log import FILENAME, read_metrics
+from tfx.reporting.metrics_log import FILENAME, read_metrics
 from tfx.studies.arms import ARMS, warmup_free
 
 Setting = tuple[float, float, int]  # (peak lr, dropout, warmup updates)

@@ -1,1 +1,1 @@
-"""The training loop: the ``Trainer``, the queue of updates read later, and the schedule of what is due when."""
+"""The training loop: what it is built from (build.py), one update (step.py), the Trainer, its queue and schedule."""

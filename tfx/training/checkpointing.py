@@ -1,5 +1,6 @@
 """The run's checkpoints during training: when a numbered one is due (every N updates, every N epochs, the
-end) and what a save writes (``tfx.run_checkpoints`` does the writing, ``tfx.train_state`` says what)."""
+end) and what a save writes (``tfx.checkpoints.manager`` does the writing, ``tfx.checkpoints.train_state`` says
+what)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import dataclasses
 import torch
 from torch import nn
 
-from tfx import distributed
+from tfx.checkpoints.manager import CheckpointManager, rng_state
+from tfx.checkpoints.train_state import TrainState, checkpoint_payload
 from tfx.config import Config
 from tfx.data import Tokenizer
-from tfx.precision import Precision
-from tfx.run_checkpoints import CheckpointManager, rng_state
-from tfx.train_state import TrainState, checkpoint_payload
+from tfx.runtime import distributed
+from tfx.runtime.precision import Precision
 
 
 class Checkpointer:

@@ -1,6 +1,6 @@
 """The updates queued on the device and not read yet: the loop reads them all with one host sync.
 
-``tfx.step`` leaves each update's results on the device (``Pending``); reading one waits for every
+``tfx.training.step`` leaves each update's results on the device (``Pending``); reading one waits for every
 kernel before it, so the loop queues updates and reads the queue only when something needs the
 numbers (``tfx.training.schedule``) or the queue holds ``capacity`` updates.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from tfx.step import Pending, read
-from tfx.train_state import TrainState
+from tfx.checkpoints.train_state import TrainState
+from tfx.training.step import Pending, read
 
 
 class PendingUpdates:

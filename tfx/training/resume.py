@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tfx import sharding
+from tfx.checkpoints.manager import CheckpointManager, our_trajectory
+from tfx.checkpoints.train_state import TrainState
 from tfx.config import Config
 from tfx.data import Tokenizer
-from tfx.precision import Precision
-from tfx.run_checkpoints import CheckpointManager, our_trajectory
-from tfx.train_state import TrainState
+from tfx.runtime import sharding
+from tfx.runtime.precision import Precision
 
 log = logging.getLogger("tfx.train")
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tfx.checkpoints.train_state import TrainState
 from tfx.config import TrainConfig
-from tfx.train_state import TrainState
 
 
 class Periodic(Protocol):
@@ -88,7 +88,7 @@ class Action:
 class Due:
     """What update ``step`` calls for; any of it means the queue must be read first (``read``)."""
 
-    log: bool  # TensorBoard scalars and the progress line (tfx.reporter)
+    log: bool  # TensorBoard scalars and the progress line (tfx.reporting.reporter)
     layers: bool  # this update records per-layer statistics (it runs eagerly)
     probe: bool  # the output-change probe measures after this update
     hook: bool  # the on_update hook sees this update

@@ -19,21 +19,22 @@ from typing import Any
 
 from torch import nn
 
-from tfx import build, compilation, distributed
+from tfx.checkpoints.manager import CheckpointManager
+from tfx.checkpoints.train_state import TrainingDiverged
 from tfx.config import Config
 from tfx.data import Batch
 from tfx.data.plan import TrainBatches
-from tfx.logger import Budget, Progress
-from tfx.optim import lr_at
-from tfx.prefetch import Prefetcher
-from tfx.reporter import Reporter
-from tfx.run_checkpoints import CheckpointManager
-from tfx.step import Pending, Stepper, account
-from tfx.train_state import TrainingDiverged
+from tfx.optim.optimizers import lr_at
+from tfx.reporting.logger import Budget, Progress
+from tfx.reporting.reporter import Reporter
+from tfx.runtime import compilation, distributed
+from tfx.training import build
 from tfx.training.checkpointing import Checkpointer
 from tfx.training.pending import PendingUpdates
+from tfx.training.prefetch import Prefetcher
 from tfx.training.resume import resume_state
 from tfx.training.schedule import PeriodicAction, loop_schedule
+from tfx.training.step import Pending, Stepper, account
 from tfx.training.validation import Validator
 
 UpdateHook = Callable[["Trainer", dict[str, float]], None]
@@ -62,9 +63,10 @@ class StopSignal:
 class Trainer:
     """One run: build (data -> model -> init -> optimizer), resume, then ``run`` the loop.
 
-    What builds the parts is ``tfx.build``; where the numbers go is ``self.report``'s job (``tfx.reporter``);
-    the run folder's checkpoints are ``self.ckpts``'s, when and what to save ``self.checkpointer``'s; when
-    anything is due is ``self.schedule``'s. ``actions``: periodic actions of the caller's (``schedule.Action``).
+    What builds the parts is ``tfx.training.build``; where the numbers go is ``self.report``'s job
+    (``tfx.reporting.reporter``); the run folder's checkpoints are ``self.ckpts``'s, when and what to save
+    ``self.checkpointer``'s; when anything is due is ``self.schedule``'s. ``actions``: periodic actions of the
+    caller's (``schedule.Action``).
     """
 
     def __init__(
@@ -107,7 +109,7 @@ class Trainer:
                                    self.state, self.report)  # fmt: skip
         self.checkpointer = Checkpointer(self.ckpts, model, optimizer, precision, cfg, tokenizer, dist.world_size,
                                          device, self.state)  # fmt: skip
-        self.queue = PendingUpdates(self.state, t.log_every_updates)  # updates not read yet (tfx.step)
+        self.queue = PendingUpdates(self.state, t.log_every_updates)  # updates not read yet (tfx.training.step)
         self.schedule = loop_schedule(t, self.state, self.validator, self.checkpointer, self.probe is not None,
                                       self.on_update is not None, actions)  # fmt: skip
         self._epoch_batches = 0  # batches in the current epoch (the summary's fraction of an epoch)
@@ -131,7 +133,7 @@ class Trainer:
     def train_step(self, batches: list[Batch], record_layers: bool = False) -> dict[str, float]:
         """One update over ``update_freq`` micro-batches, read at once into a flat metrics dict.
 
-        The loop does not read each update: ``_update`` leaves it pending on the device (``tfx.step``).
+        The loop does not read each update: ``_update`` leaves it pending on the device (``tfx.training.step``).
         """
         self.queue.push(self._step(batches, record_layers))
         ((metrics, _applied),) = account(self.state, self.queue.read())

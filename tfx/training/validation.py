@@ -8,12 +8,12 @@ import math
 import torch
 from torch import nn
 
-from tfx import compilation, distributed
+from tfx.checkpoints.train_state import TrainState
 from tfx.config import Config
 from tfx.data import Corpus
-from tfx.reporter import Reporter
-from tfx.train_state import TrainState
-from tfx.validate import validate_on_main
+from tfx.evaluation.validate import validate_on_main
+from tfx.reporting.reporter import Reporter
+from tfx.runtime import compilation, distributed
 
 
 class Validator:

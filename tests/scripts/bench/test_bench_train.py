@@ -17,14 +17,14 @@ from torch.utils.flop_counter import FlopCounterMode
 from tests.conftest import load_script
 from tests.model.test_packing import random_split
 from tests.test_train import tiny_cfg
-from tfx.criterion import label_smoothed_loss
 from tfx.data import BOS, PAD, Batch
 from tfx.data.packing import collate_packed, pack_first_fit
 from tfx.model import ModelConfig, Transformer
 from tfx.model.packing import Packing
-from tfx.precision import Precision
-from tfx.step import read
+from tfx.optim.loss import label_smoothed_loss
+from tfx.runtime.precision import Precision
 from tfx.train import Trainer
+from tfx.training.step import read
 
 TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.ffn_dim=64",
         "data.max_tokens=128", "data.vocab_size=200"]  # fmt: skip
@@ -203,7 +203,7 @@ def test_device_activity_counts_cuda_kernels_and_their_time(bench: ModuleType) -
 
 
 def test_a_compiled_rows_warnings_name_breaks_extra_graphs_and_recompiles(bench: ModuleType) -> None:
-    """tfx.compilation.compile_problems under a row: what a GPU run's report must show, by scope."""
+    """tfx.runtime.compilation.compile_problems under a row: what a GPU run's report must show, by scope."""
     row = dict(params_m=1.0, tokens_per_step=1.0, step_s=1.0, tokens_per_s=1.0, tflops=1.0, mfu=None,
                first_update_s=1.0, kernels=None, gpu_busy=None, skipped=0)  # fmt: skip
     clean = bench.Result(compile=True, graphs=2, recompiles=0, graph_breaks=0, **row)
@@ -295,9 +295,9 @@ def test_a_missing_device_is_one_line(bench: ModuleType) -> None:
 
 @pytest.mark.parametrize("init", ["tfixup", "admin"])  # admin profiles a batch first: the bench must hand it one
 def test_the_bench_times_the_trainers_update(bench: ModuleType, tmp_path: Path, init: str) -> None:
-    """The bench builds through ``tfx.build``: for one config, seed and batch, its model, optimizer and precision
-    are the trainer's, and one update of each (dropout on) leaves the same weights and Adam moments. A bench that
-    re-created the build order by hand would drift from it here the day the order changed."""
+    """The bench builds through ``tfx.training.build``: for one config, seed and batch, its model, optimizer and
+    precision are the trainer's, and one update of each (dropout on) leaves the same weights and Adam moments. A bench
+    that re-created the build order by hand would drift from it here the day the order changed."""
     cfg = tiny_cfg(tmp_path, model_kw={"norm": "none" if init == "tfixup" else init}, init=init)
     trainer = Trainer(cfg, tmp_path / "run")
     try:

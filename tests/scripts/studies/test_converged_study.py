@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from tests.conftest import load_script
 from tests.scripts.studies.test_budget_study import small_corpus
 from tfx.config import compose_config
-from tfx.metrics_log import read_metrics
+from tfx.reporting.metrics_log import read_metrics
 from tfx.studies.arms import write_arms
 from tfx.studies.harness import CHECKOUT
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from tests.conftest import REPO, load_script
-from tfx.checkpoint import load_checkpoint
+from tfx.checkpoints.load import load_checkpoint
 from tfx.config import OptimConfig
-from tfx.criterion import label_smoothed_loss
 from tfx.init import apply_init
 from tfx.model import ModelConfig, Transformer
-from tfx.optim import build_optimizer, lr_at, set_lr
+from tfx.optim.loss import label_smoothed_loss
+from tfx.optim.optimizers import build_optimizer, lr_at, set_lr
 
 VOCAB, PAD, DEPTH = 50, 0, 200
 

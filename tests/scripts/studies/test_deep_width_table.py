@@ -10,9 +10,9 @@ import torch
 
 from tests.conftest import load_script
 from tfx.config import OptimConfig
-from tfx.criterion import label_smoothed_loss
 from tfx.init import apply_init
 from tfx.model import ModelConfig, Transformer
+from tfx.optim.loss import label_smoothed_loss
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,150 @@
+"""Translate raw sentences with a checkpoint (its config and sentencepiece model travel inside it).
+
+    python -m tfx.translate outputs/RUN/checkpoints/checkpoint_best.pt --input test.de --output test.hyp
+    echo "Ein Hund läuft." | python -m tfx.translate checkpoint_best.pt --beam 5
+
+One sentence per line in, one detokenized translation per line out, in input order. Errors are
+one line on stderr and a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from tfx.checkpoints.load import CheckpointError, build_from_checkpoint, load_checkpoint
+from tfx.data import DataError
+from tfx.data.sources import read_lines, split_lines
+from tfx.evaluation import decode
+from tfx.evaluation.decode import translate_sentences
+from tfx.files.atomic import atomic_open
+from tfx.runtime.distributed import DeviceError, resolve_device
+
+
+def load_model(path: str | Path, device: torch.device):
+    """(model in eval mode, tokenizer, config dict); anything that does not fit is a one-line error."""
+    ckpt = load_checkpoint(path, map_location="cpu")
+    try:
+        return build_from_checkpoint(ckpt, device)
+    except (CheckpointError, DataError):
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise CheckpointError(
+            f"checkpoint {path} cannot be rebuilt ({type(err).__name__}: {first_line}): was it written by tfx.train?"
+        ) from err
+
+
+def read_text_lines(path: str | Path | None) -> list[str]:
+    """Lines of a UTF-8 file (``.gz`` too), or of stdin when ``path`` is None."""
+    if path is None:
+        return split_lines(sys.stdin.read())
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"input file {path} does not exist")
+    return read_lines(path)
+
+
+def write_text_atomic(path: str | Path, lines: Sequence[str]) -> None:
+    """Write lines through ``atomic_open``: readers (and a crash) never see half a file."""
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def write_lines(path: str | Path | None, lines: Sequence[str]) -> None:
+    """To ``path`` atomically, or to stdout when ``path`` is None."""
+    if path is None:
+        sys.stdout.writelines(line + "\n" for line in lines)
+        sys.stdout.flush()
+    else:
+        write_text_atomic(path, lines)
+
+
+def add_decoding_args(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``tfx.translate``, ``tfx.evaluate`` and ``tfx.average --best-window``."""
+    parser.add_argument("--beam", type=int, default=decode.BEAM, help="beam size (1 = greedy)")
+    parser.add_argument("--lenpen", type=float, default=decode.LENPEN, help="score = logprob / len**lenpen")
+    parser.add_argument("--max-tokens", type=int, default=decode.MAX_TOKENS, help="padded source tokens per batch")
+    parser.add_argument("--max-len-a", type=float, default=decode.MAX_LEN_A, help="max output length = a*src_len+b")
+    parser.add_argument("--max-len-b", type=int, default=decode.MAX_LEN_B, help="max output length = a*src_len+b")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--bf16", action="store_true", help="run the model under bf16 autocast")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="CPU threads (torch.set_num_threads); 0 = torch's default"
+    )
+
+
+def translate_with_args(
+    model, tokenizer, sentences: Sequence[str], args: argparse.Namespace, device: torch.device, progress: bool
+) -> list[str]:
+    """``translate_sentences`` with the options of ``add_decoding_args``."""
+    return translate_sentences(
+        model,
+        tokenizer,
+        sentences,
+        beam=args.beam,
+        lenpen=args.lenpen,
+        max_tokens=args.max_tokens,
+        device=device,
+        progress=progress,
+        autocast_dtype=torch.bfloat16 if args.bf16 else None,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+    )
+
+
+USER_ERRORS = (CheckpointError, DataError, DeviceError, OSError)  # bad input: one line on stderr, exit 1, no traceback
+
+
+def run_reporting_errors(action: Callable[[], object]) -> int:
+    """The command-line tools' exit status: 0, or 1 after printing a user error as one line."""
+    try:
+        action()
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def check_decoding_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad decoding options; apply ``--threads`` (before any model is built or any data is read)."""
+    if args.beam < 1:
+        parser.error("--beam must be >= 1")
+    if args.max_tokens < 1:
+        parser.error("--max-tokens must be >= 1")
+    if args.threads < 0:
+        parser.error("--threads must be >= 0 (0 = torch's default)")
+    if args.threads:
+        torch.set_num_threads(args.threads)  # e.g. 1 per process when several decode at once on a small CPU
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tfx.translate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", type=Path, help="a .pt file written by tfx.train (or tfx.average)")
+    parser.add_argument("--input", type=Path, help="raw source sentences, one per line (default: stdin)")
+    parser.add_argument("--output", type=Path, help="where to write translations (default: stdout)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_decoding_args(parser)
+    args = parser.parse_args(argv)
+    check_decoding_args(parser, args)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def translate() -> None:
+        device = resolve_device(args.device, setting="--device")
+        model, tokenizer, _ = load_model(args.checkpoint, device)
+        sentences = read_text_lines(args.input)
+        progress = args.input is not None and not args.quiet
+        write_lines(args.output, translate_with_args(model, tokenizer, sentences, args, device, progress))
+
+    return run_reporting_errors(translate)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

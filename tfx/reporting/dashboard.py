@@ -1,0 +1,111 @@
+"""What TensorBoard shows of a run: the custom-scalars front page, per-layer heatmaps, the HParams columns.
+
+Per-layer statistics arrive as one number per layer (``layers/enc/act_rms/003``); as scalars a 200+200
+run would draw ~800 cards. ``LayerHistory`` keeps them and draws one layers x updates image per stack
+and statistic instead (``layers/enc/act_rms``, ``layers/dec/grad_norm``, ...: ``docs/dashboard.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tfx.config import Config
+from tfx.reporting.heatmap import render
+
+LAYER_PREFIX = "layers/"
+STACKS = {"enc": "encoder", "dec": "decoder"}
+
+
+def _chart(*tags: str) -> list[Any]:
+    """A custom-scalars line chart of the exact ``tags`` (they are regexes there), every run on it."""
+    return ["Multiline", [f"^{tag}$" for tag in tags]]
+
+
+# The Custom Scalars tab, in this order: what a comparison of runs looks at first, then the rest.
+LAYOUT: dict[str, dict[str, list[Any]]] = {
+    "training": {
+        "train loss (bits per token)": _chart("train/loss"),
+        "valid BLEU": _chart("valid/bleu"),
+        "learning rate": _chart("train/lr"),
+        "gradient norm": _chart("train/grad_norm"),
+    },
+    "more": {
+        "valid loss (bits per token)": _chart("valid/loss"),
+        "train perplexity": _chart("train/ppl"),
+        "throughput (tokens/s)": _chart("train/tokens_per_s"),
+        "skipped (non-finite) and fp16-overflow steps": _chart("train/skipped_steps", "train/overflow_steps"),
+        "output change per update (T-Fixup's bound)": _chart("probe/output_change", "probe/logprob_change"),
+    },
+}
+
+
+# The HParams table's columns before anyone ticks a box (TensorBoard displays up to five): a comparison
+# of methods at some depth, with and without warmup; the rest is a tick away, and four leave room
+# on screen for the best-BLEU column.
+HPARAMS_SHOWN = ("method", "optim", "encoder_layers", "warmup_updates")
+
+
+# The HParams table's metric columns: scalars every run logs, each shown at its last value (TensorBoard's rule),
+# under a short name. valid/best_bleu's last value is the run's best.
+HPARAMS_METRICS = {"valid/best_bleu": "best BLEU", "valid/bleu": "last BLEU", "train/epoch": "epochs"}
+
+
+def hparams(cfg: Config) -> dict[str, Any]:
+    """The HParams-tab columns: what a comparison of runs varies."""
+    return {
+        "experiment": cfg.experiment,
+        "method": cfg.method,
+        "norm": cfg.model.norm,
+        "init": cfg.init.name,
+        "optim": cfg.optim.name,
+        "encoder_layers": cfg.model.encoder_layers,
+        "decoder_layers": cfg.model.decoder_layers,
+        "d_model": cfg.model.d_model,
+        "lr": cfg.optim.lr,
+        "warmup_updates": cfg.optim.warmup_updates,
+        "seed": cfg.train.seed,
+        "data": cfg.data.name,
+    }
+
+
+def split_layer_stats(metrics: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """(per-layer ``layers/*`` values, everything else): the first go to images, the rest to scalars."""
+    layers = {k: v for k, v in metrics.items() if k.startswith(LAYER_PREFIX)}
+    return layers, {k: v for k, v in metrics.items() if not k.startswith(LAYER_PREFIX)}
+
+
+class LayerHistory:
+    """Per-layer statistics of every recorded update, one panel per stack and statistic.
+
+    A panel is ``layers/enc/act_rms``; its rows are layers (``.../003`` -> row 3), its columns the
+    updates ``add`` saw, in order. Kept in memory for the process's life (after a resume it starts
+    afresh): a 200-layer stack logged 1000 times is 200k floats.
+    """
+
+    def __init__(self) -> None:
+        self.panels: dict[str, tuple[list[int], list[list[float]]]] = {}  # panel -> (steps, columns)
+
+    def add(self, step: int, stats: Mapping[str, float]) -> None:
+        """Append one column per panel from ``{"layers/enc/act_rms/000": v, ...}``."""
+        columns: dict[str, dict[int, float]] = {}
+        for key, value in stats.items():
+            panel, index = key.rsplit("/", 1)
+            columns.setdefault(panel, {})[int(index)] = value
+        for panel, by_layer in columns.items():
+            steps, cols = self.panels.setdefault(panel, ([], []))
+            steps.append(step)
+            cols.append([by_layer.get(i, float("nan")) for i in range(max(by_layer) + 1)])
+
+    def images(self) -> dict[str, np.ndarray]:
+        """``{panel: (H, W, 3) uint8}``: each panel's layers x updates heatmap so far."""
+        out = {}
+        for panel, (steps, cols) in self.panels.items():
+            depth = max(len(c) for c in cols)
+            values = np.array([c + [float("nan")] * (depth - len(c)) for c in cols], dtype=np.float64).T
+            stack, stat = panel.removeprefix(LAYER_PREFIX).split("/")
+            title = f"{STACKS.get(stack, stack)} {stat} (log colour)"
+            out[panel] = render(values, title, steps)
+        return out
