@@ -107,7 +107,7 @@ start=$(date +%s)
 declare -A train_pid=() eval_pid=()  # by run name: the training and evaluation processes this call started
 tfixup_lr="" best_why=""
 
-ended() {  # RUN ended (completed, early stop, diverged): it does not train again (tfx/metrics_log.py's "end" record)
+ended() {  # RUN ended (completed, early stop, diverged): it does not train again (tfx/reporting/metrics_log.py's "end" record)
     local last
     last="$(grep -s '^{"event": "end"' "$1/metrics.jsonl" | tail -n 1)"
     [[ -n "${last}" && "${last}" != *'"status": "stopped'* ]]

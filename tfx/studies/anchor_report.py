@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfx.metrics_log import FILENAME, read_metrics
+from tfx.reporting.metrics_log import FILENAME, read_metrics
 from tfx.studies.converged_runs import end_status
 
 RUN_NAME = re.compile(r"^(?P<method>[a-z_]+)_lr(?P<lr>[0-9.e+-]+)_seed(?P<seed>\d+)$")
