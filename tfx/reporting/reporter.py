@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from tfx.checkpoints.train_state import TrainState
 
 log = logging.getLogger("tfx.train")
-EVAL_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "eval_bleu.sh"  # in a checkout, not in a wheel
+EVAL_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_bleu.sh"  # in a checkout, not in a wheel
 AVERAGED = 5  # numbered checkpoints the summary's evaluation command averages (the README's --avg 5)
 
 
