@@ -271,3 +271,22 @@ def test_the_word_cache_declines_what_it_cannot_encode_exactly(tmp_path: Path, m
     assert word_cache.encode_by_word(word_model(tmp_path), plain) is not None
     assert word_cache.encode_by_word(word_model(tmp_path, add_dummy_prefix=False), plain) is None
     assert word_cache.encode_by_word(word_model(tmp_path), b"ok\nbad \xff\n") is None
+
+
+def test_invalid_utf8_found_by_an_encoding_worker_names_its_line_in_the_whole_file(tmp_path: Path, monkeypatch) -> None:
+    """Chunks go to two worker processes; the one that meets the bad byte reports its line within its chunk and the
+    reader adds the lines of the chunks before it."""
+    monkeypatch.setattr(encoding, "PARALLEL_MIN_LINES", 1)
+    monkeypatch.setattr(stream, "BLOCK_BYTES", 16)
+    folder = write_text_corpus(tmp_path / "c", {"train": PAIRS * 5, "valid": PAIRS, "test": PAIRS})
+    (folder / "train.de").write_bytes(b"ein hund\n" * 10 + b"kaputt \xff\n" + b"ein hund\n" * 9)
+    cfg = DataConfig(
+        source="local", local_dir=str(folder), vocab_size=60, cache_dir=str(tmp_path / "cache"), num_workers=2
+    )
+    tokenizer = prepare_data(
+        DataConfig(**{**cfg.__dict__, "local_dir": str(corpus_folder(tmp_path))}), splits=("train",)
+    ).tokenizer
+    side = stream.file_side(folder / "train.de", stream.DigestMemo(None))
+    with pytest.raises(DataError, match=r"train.de: invalid UTF-8 at line 11: re-encode"):
+        encoding.encode_side(side, tokenizer, tmp_path / "out.tok", workers=2)
+    assert not (tmp_path / "out.tok").exists()
