@@ -72,7 +72,7 @@ def test_multi30k_offline_says_how_to_use_local_files(tmp_path: Path, monkeypatc
 
 
 def test_multi30k_reads_data_local_dir_instead_of_the_hub(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(sources, "hub_split", lambda *a: pytest.fail("the hub was asked"))
+    monkeypatch.setattr(sources, "hub_sides", lambda *a: pytest.fail("the hub was asked"))
     corpus = write_corpus(tmp_path / "corpus", tiny_cfg(tmp_path).data)
     overrides = ["+experiment=multi30k", f"data.local_dir={corpus}", f"data.cache_dir={tmp_path}", "data.vocab_size=64"]
     prepared = prepare_data(load(overrides).data, splits=("train", "valid"))

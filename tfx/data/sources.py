@@ -35,19 +35,13 @@ def check_split(split: str) -> None:
 
 
 def load_split(cfg: DataConfig, split: str, seed: int = 1) -> Texts:
-    """Source and target sentences of ``split`` from ``cfg.source``.
+    """Source and target sentences of ``split`` from ``cfg.source``, as lists (``split_sides`` read whole).
 
     ``data.local_dir`` set on a hub dataset reads its text files instead: ``DataConfig`` turns such
     a config into ``source=local`` (the offline override of the hub experiments).
     """
-    check_split(split)
-    if cfg.source == "toy":
-        return toy_split(cfg, split, seed)
-    if cfg.source == "local":
-        return local_split(cfg, split)
-    if cfg.source == "hub":
-        return hub_split(cfg, split)
-    raise DataError(f"data.source={cfg.source!r}: use toy, local or hub")
+    src, tgt = split_sides(cfg, split, seed)
+    return src.read_all(), tgt.read_all()
 
 
 def split_sides(
@@ -189,15 +183,6 @@ def local_folder(cfg: DataConfig) -> Path:
     return folder
 
 
-def local_split(cfg: DataConfig, split: str) -> Texts:
-    """``split`` from ``cfg.local_dir``; the direction is just which suffix is read as the source."""
-    folder = local_folder(cfg)
-    prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
-    return read_parallel_text(
-        find_text_file(folder, prefix, cfg.src_lang), find_text_file(folder, prefix, cfg.tgt_lang)
-    )
-
-
 # --- Hugging Face hub -------------------------------------------------------------------------
 
 
@@ -313,13 +298,6 @@ def hub_columns(cfg: DataConfig, split: str):  # -> (pyarrow.Table, [source colu
                 f"{', '.join(present or table.column_names)}); set data.src_lang/tgt_lang or data.hub_field"
             )
     return table, [prefix + cfg.src_lang, prefix + cfg.tgt_lang], dataset._fingerprint
-
-
-def hub_split(cfg: DataConfig, split: str) -> Texts:
-    """``split`` as text pairs; languages are columns (flat rows) or keys under ``cfg.hub_field``."""
-    table, columns, _ = hub_columns(cfg, split)
-    src, tgt = ([s or "" for s in table.column(c).to_pylist()] for c in columns)
-    return src, tgt
 
 
 def hub_sides(cfg: DataConfig, split: str) -> tuple[TextSide, TextSide]:
