@@ -37,6 +37,7 @@ Usage (CPU; an epoch of the 3+3 model takes about 8 minutes on one AVX2 thread i
 
     python scripts/studies/converged_study.py --out results/converged --arms tfixup postln --seeds 1  # results/README
     python scripts/studies/converged_study.py --out outputs/converged --tuned postln=1e-3,0.1,400  # postln: one setting
+    python scripts/studies/converged_study.py --out results/converged_nf --arms rezero fixup dyt --until grid  # grids
     python scripts/studies/converged_study.py --out outputs/converged_gpu --preset gpu  # CPU-tuned arms, 3 seeds, a GPU
     python scripts/studies/converged_study.py --preset gpu --dry-run  # its plan, every arm's config composed
     scripts/gpu/gpu_converged.sh OUT    # the GPU preset at 3+3 and 12+12 inside a time box (one device call)
@@ -306,6 +307,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preset", choices=["cpu", "gpu"], default="cpu",
                    help="gpu: the arms the CPU studies tuned, at their settings (TUNED_ON_CPU), 3 seeds, bf16, "
                         "every run at once on one CUDA device")  # fmt: skip
+    p.add_argument("--until", choices=["grid", "test"], default="test",
+                   help="grid: every arm's grid, then stop (whole grids for a session too short for finalists; "
+                        "the same command without it goes on to them)")  # fmt: skip
     p.add_argument("--replot", action="store_true")
     p.add_argument("--dry-run", action="store_true",
                    help="train nothing: print the plan, composing each arm's config (checks a preset)")  # fmt: skip
@@ -352,7 +356,8 @@ def run_study(args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return 2
     path = args.out / "study.json"
-    saved = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("replot", "out")}
+    saved = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+             if k not in ("replot", "out", "until")}  # fmt: skip
     fresh = {"arms": [], "overrides": shared_overrides(args), "args": saved, "settings": {}, "wall_seconds": 0.0}
     if (study := open_study(path, fresh, args.arms)) is None:
         return 2
@@ -386,6 +391,9 @@ def run_study(args: argparse.Namespace) -> int:
                 f"{setting_name(*s)} ({best_valid(grid_run(args.out, arm, s))[0]:.2f})" for s in finalists.values()
             )
         )
+        if args.until == "grid":
+            say(f"{arm}: --until grid: its finalists train when the study runs again without it")
+            return 0, 0
         if len(finalists) == 1:  # nothing to choose: the table shows its seeds as they end, even if stopped
             record("settings", arm, next(iter(finalists.values())))
         first = seeds_with_finalists(finalists, args.seeds)

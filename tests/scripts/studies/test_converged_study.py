@@ -215,6 +215,29 @@ def test_seeds_added_to_a_recorded_study_are_reported(
     assert "seeds [1, 2]" in report.splitlines()[0]
 
 
+def test_until_grid_trains_every_arms_grid_and_no_finalist_and_the_same_command_without_it_goes_on(
+    cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--until grid`` (whole grids for several arms in a session too short for one arm's finalists): both arms'
+    grids train and no finalist does; run again without it, only the finalists train (CPU, the queue stubbed)."""
+    data = _one_line_corpus(cs, tmp_path / "data")
+    queue = _RecordingQueue()
+    monkeypatch.setattr(cs, "RunQueue", lambda *a: queue)
+    base = ["--out", str(tmp_path / "study"), "--data-dir", str(data), "--arms", "rezero", "dyt", "--lrs", "0.001",
+            "--dropouts", "0.3", "--warmups", "0", "400"]  # fmt: skip
+
+    def trained() -> list[str]:
+        runs = [next(a for a in cmd if a.startswith("hydra.run.dir=")) for cmd in queue.cmds if "tfx.train" in cmd]
+        return sorted(str(Path(run.split("=", 1)[1]).relative_to(tmp_path / "study" / "runs")) for run in runs)
+
+    assert cs.run_study(cs.parse_args([*base, "--until", "grid"])) == 0
+    grids = [f"grid/{arm}/lr0.001_d0.3_w{w}" for arm in ("dyt", "rezero") for w in (0, 400)]
+    assert trained() == grids
+    queue.cmds.clear()
+    cs.run_study(cs.parse_args(base))  # its decodes "fail": the stub writes no scores
+    assert trained() == ["final/dyt_lr0.001_d0.3/seed1", "final/rezero_lr0.001_d0.3/seed1"]
+
+
 def _updates(run: Path) -> list[dict]:
     return [r for r in read_metrics(run / "metrics.jsonl") if r["event"] == "update"]
 
