@@ -457,17 +457,21 @@ def dry_run(args: argparse.Namespace) -> int:
             except (HydraException, OmegaConfBaseException, ValueError) as err:
                 print(f"arm {arm}: {type(err).__name__}: {str(err).splitlines()[0]}", file=sys.stderr)
                 return 2
-            runs = len(grid) * args.grid_epochs + finalists * (args.max_epochs - args.grid_epochs)
-            runs += seeds * args.max_epochs
+            runs = len(grid) * args.grid_epochs
+            if args.until == "grid":
+                then = "then stop (--until grid)"
+            else:
+                runs += finalists * (args.max_epochs - args.grid_epochs) + seeds * args.max_epochs
+                then = f"{finalists} finalists and {seeds} more seeds to convergence (<= {args.max_epochs} epochs)"
             total += runs
             named = f" ({', '.join(setting_name(*g) for g in grid)})" if len(grid) <= 2 else ""  # --tuned took?
-            print(f"{arm}: grid {len(grid)} runs{named} x {args.grid_epochs} epochs; {finalists} finalists and "
-                  f"{seeds} more seeds to convergence (<= {args.max_epochs} epochs); "
+            print(f"{arm}: grid {len(grid)} runs{named} x {args.grid_epochs} epochs; {then}; "
                   f"at most {runs} epochs | {cfg.model.encoder_layers}+{cfg.model.decoder_layers} layers "
                   f"norm={cfg.model.norm} init={cfg.init.name} | device {cfg.train.device} {cfg.train.precision} "
                   f"batching={cfg.data.batching} compile={cfg.train.compile} | {args.jobs} runs at once, "
                   f"{cfg.train.threads} threads each")  # fmt: skip
-    print(f"at most {total} epochs in all; decodes: {len(TEST_SETS) * len(KINDS)} beam-5 per seed per arm")
+    decodes = "none" if args.until == "grid" else f"{len(TEST_SETS) * len(KINDS)} beam-5 per seed per arm"
+    print(f"at most {total} epochs in all; decodes: {decodes}")
     return 0
 
 

@@ -216,7 +216,7 @@ def test_seeds_added_to_a_recorded_study_are_reported(
 
 
 def test_until_grid_trains_every_arms_grid_and_no_finalist_and_the_same_command_without_it_goes_on(
-    cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--until grid`` (whole grids for several arms in a session too short for one arm's finalists): both arms'
     grids train and no finalist does; run again without it, only the finalists train (CPU, the queue stubbed)."""
@@ -233,6 +233,10 @@ def test_until_grid_trains_every_arms_grid_and_no_finalist_and_the_same_command_
     assert cs.run_study(cs.parse_args([*base, "--until", "grid"])) == 0
     grids = [f"grid/{arm}/lr0.001_d0.3_w{w}" for arm in ("dyt", "rezero") for w in (0, 400)]
     assert trained() == grids
+    capsys.readouterr()
+    assert cs.main([*base, "--until", "grid", "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "then stop (--until grid); at most 6 epochs" in plan and "at most 12 epochs in all; decodes: none" in plan
     queue.cmds.clear()
     cs.run_study(cs.parse_args(base))  # its decodes "fail": the stub writes no scores
     assert trained() == ["final/dyt_lr0.001_d0.3/seed1", "final/rezero_lr0.001_d0.3/seed1"]
