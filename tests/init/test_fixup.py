@@ -80,3 +80,27 @@ def test_scalars_start_at_shift_0_scale_1_and_the_model_is_the_identity_on_its_s
 def test_refuses_other_residual_kinds(norm: str) -> None:
     with pytest.raises(ValueError, match="init.name=fixup needs model.norm=fixup"):
         apply_init(tiny_model(norm), "fixup")
+
+
+@pytest.mark.parametrize("experiment", ["multi30k", "iwslt"])
+def test_method_fixup_unties_the_classifier_so_it_starts_at_0_and_the_model_predicts_uniformly(experiment: str) -> None:
+    """The reference's IWSLT model has its own classifier (``embed_out``), zeroed at init: Fixup's rule 1. Tied
+    to the input table (the experiments' default for every other method), it could not be zeroed, and a model
+    that is the identity on its stream would start by predicting its input token (22.9 bits on Multi30k, not
+    log2 V). ``method=fixup`` unties it; the other methods stay tied. fp32, CPU."""
+    from tfx.config import compose_config
+    from tfx.model.transformer import Transformer
+
+    cfg = compose_config([f"+experiment={experiment}", "method=fixup", "model.encoder_layers=2",
+                          "model.decoder_layers=2", "model.d_model=32", "model.ffn_dim=64", "model.heads=2"])  # fmt: skip
+    assert not cfg.model.share_decoder_embeddings
+    assert compose_config([f"+experiment={experiment}", "method=tfixup"]).model.share_decoder_embeddings
+    vocab = 50
+    model = Transformer(cfg.model, vocab, pad_id=1)
+    apply_init(model, cfg.init.name, seed=3)
+    assert model.decoder.output_projection is not None
+    assert model.decoder.output_projection.weight.abs().max() == 0
+    assert model.decoder.embedding.embed.weight.abs().max() > 0  # the input table keeps N(0, d^-1/2)
+    src, prev = torch.randint(2, vocab, (3, 7)), torch.randint(2, vocab, (3, 5))
+    logits = model.eval()(src, prev)
+    assert torch.equal(logits, torch.zeros_like(logits))  # uniform: loss ln V for every target
