@@ -91,8 +91,8 @@ def test_method_fixup_unties_the_classifier_so_it_starts_at_0_and_the_model_pred
     from tfx.config import compose_config
     from tfx.model.transformer import Transformer
 
-    cfg = compose_config([f"+experiment={experiment}", "method=fixup", "model.encoder_layers=2",
-                          "model.decoder_layers=2", "model.d_model=32", "model.ffn_dim=64", "model.heads=2"])  # fmt: skip
+    small = ["model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=32", "model.ffn_dim=64"]
+    cfg = compose_config([f"+experiment={experiment}", "method=fixup", *small])
     assert not cfg.model.share_decoder_embeddings
     assert compose_config([f"+experiment={experiment}", "method=tfixup"]).model.share_decoder_embeddings
     vocab = 50
