@@ -2,6 +2,7 @@
 
     python scripts/audit/planted_bugs.py            # every bug
     python scripts/audit/planted_bugs.py lenpen ddp # the bugs whose id contains one of the words
+    python scripts/audit/planted_bugs.py --list     # their ids and what each plants, nothing run
 
 Each bug is an exact text replacement in one source file (the copy only: the working tree is never
 touched) followed by ``pytest -m "not slow" -x`` on the test files that should catch it. A failing
@@ -12,6 +13,7 @@ test run is "caught"; a replacement whose text is no longer in the source is rep
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import sys
@@ -177,8 +179,18 @@ def check(bug: Bug, tree: Path) -> tuple[str, float]:
     return ("MISSED" if run.returncode == 0 else f"pytest exit {run.returncode}"), seconds
 
 
-def main(words: list[str]) -> int:
-    chosen = [b for b in BUGS if not words or any(w in b.id for w in words)]
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("words", nargs="*", help="run the bugs whose id contains one of these (default: every bug)")
+    p.add_argument("--list", action="store_true", help="print the chosen bugs' ids and what each plants; run nothing")
+    args = p.parse_args(argv)
+    if unmatched := [w for w in args.words if not any(w in b.id for b in BUGS)]:
+        print(f"no planted bug's id contains {', '.join(unmatched)} (--list shows them)", file=sys.stderr)
+        return 2
+    chosen = [b for b in BUGS if not args.words or any(w in b.id for w in args.words)]
+    if args.list:
+        print("\n".join(f"{bug.id}: {bug.what}" for bug in chosen))
+        return 0
     missed = 0
     with tempfile.TemporaryDirectory(prefix="tfx-planted-") as tmp:
         tree = Path(tmp)
@@ -192,4 +204,4 @@ def main(words: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
