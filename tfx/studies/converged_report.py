@@ -116,10 +116,15 @@ def write_report(out: Path) -> str:
     for arm, finalists in study.get("finalists", {}).items():
         for name, setting in finalists.items():
             run = final_runs(out, name, [1])[1]
+            mark = "yes" if arm in study["settings"] and list(setting) == list(study["settings"][arm]) else ""
+            if not run.exists():  # not started (a study run --until grid): the grid's score, the rest to come
+                grid = max(valid_curve(grid_run(out, arm, tuple(setting))), default=math.nan)
+                cells = [arm, setting_name(*setting), f"{grid:.2f}", "not started", "—", "—", "—", mark]
+                lines.append("| " + " | ".join(cells) + " |")
+                continue
             curve = valid_curve(run)
             bleu, epoch = best_of(curve)
             grid = max(curve[: args.grid_epochs], default=math.nan)
-            mark = "yes" if arm in study["settings"] and list(setting) == list(study["settings"][arm]) else ""
             scored = f"{test_scores(run, 'best', test)[0]:.2f}".replace("nan", "—")
             cells = [arm, setting_name(*setting), f"{grid:.2f}", f"{bleu:.2f}", str(epoch), str(len(curve)), scored,
                      mark]  # fmt: skip
@@ -293,7 +298,8 @@ def plot(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str
                 color = line.get_color()  # the arm's colour, for its other finalists
     ax.set(xlabel="epoch", ylabel="valid BLEU (greedy)", title="valid BLEU per epoch (mean; band: seeds' range)")
     ax.grid(alpha=0.3)
-    labels = [text.get_text() for text in ax.legend(fontsize=7).get_texts()]
+    has_curves = bool(ax.get_legend_handles_labels()[1])  # none yet: a study run --until grid
+    labels = [text.get_text() for text in ax.legend(fontsize=7).get_texts()] if has_curves else []
     fig.tight_layout()
     fig.savefig(out / "converged_study.png", dpi=110)
     plt.close(fig)
