@@ -157,3 +157,12 @@ def test_the_table_averages_the_seeds_that_ended_and_says_how_many_have_not(
             rows.setdefault(line.split(" | ")[0][2:], line.split(" | "))
     assert rows["tfixup"][2:4] == ["2 [+1 not ended]", "31.00 [+1 not ended]"]
     assert rows["preln"][2:4] == ["2 / 1 [none ended]", "26.00 / 4.00 [none ended]"]
+
+
+def test_each_heatmap_panel_labels_its_rows_unless_the_panel_to_its_left_has_the_same(report: ModuleType) -> None:
+    """T-Fixup's grid of one (tuned elsewhere) left of ReZero's four rows: ReZero's panel labels its own rows (it
+    had none, reading T-Fixup's one label as its own); two full grids side by side share the left one's."""
+    full = [(0.0005, 0.1), (0.0005, 0.3), (0.001, 0.1), (0.001, 0.3)]
+    assert report.row_labels([(0.0005, 0.3)], []) == ["0.0005 / 0.3"]
+    assert report.row_labels(full, [(0.0005, 0.3)]) == ["0.0005 / 0.1", "0.0005 / 0.3", "0.001 / 0.1", "0.001 / 0.3"]
+    assert report.row_labels(full, full) == []

@@ -216,7 +216,8 @@ def plot_grid(out: Path, study: dict[str, Any], args: argparse.Namespace) -> dic
     widths = [len(m[0]) for m in matrices.values()]  # a column per warmup, the same size in every panel
     fig, axes = plt.subplots(1, len(matrices), figsize=(2.0 + 1.0 * sum(widths), 3.0), squeeze=False,
                              gridspec_kw={"width_ratios": widths}, layout="constrained")  # fmt: skip
-    for k, (ax, (arm, matrix)) in enumerate(zip(axes[0], matrices.items(), strict=True)):
+    labelled: list[tuple[float, float]] = []  # the rows of the panel to the left, whose labels this one shares
+    for ax, (arm, matrix) in zip(axes[0], matrices.items(), strict=True):
         warmups, rows = list(next(iter(grids[arm].values()))), list(grids[arm])
         framed = {tuple(s) for s in finalists.get(arm, {}).values()}
         image = ax.imshow(matrix, cmap="viridis", vmin=low, vmax=high, aspect="auto")
@@ -227,13 +228,20 @@ def plot_grid(out: Path, study: dict[str, Any], args: argparse.Namespace) -> dic
             if (*rows[i], warmups[j]) in framed:
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2))
         ax.set_xticks(range(len(warmups)), [str(w) for w in warmups], fontsize=8)
-        ax.set_yticks(range(len(rows)), [f"{lr:g} / {d:g}" for lr, d in rows] if k == 0 else [], fontsize=8)
+        ax.set_yticks(range(len(rows)), row_labels(rows, labelled), fontsize=8)
+        labelled = rows
         ax.set(title=arm, xlabel="warmup")
     axes[0][0].set_ylabel("peak lr / dropout")
     fig.colorbar(image, ax=axes[0].tolist(), label=f"valid BLEU, epoch {args.grid_epochs} (red: finalist)")
     fig.savefig(out / "converged_grid.png", dpi=110)
     plt.close(fig)
     return matrices
+
+
+def row_labels(rows: list[tuple[float, float]], left: list[tuple[float, float]]) -> list[str]:
+    """A heatmap panel's row labels (``lr / dropout``), or none where the panel to its left has the same rows and
+    its labels serve both; a grid of one (an arm tuned elsewhere) beside a full grid labels its own."""
+    return [] if rows == left else [f"{lr:g} / {d:g}" for lr, d in rows]
 
 
 def significance_lines(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:
