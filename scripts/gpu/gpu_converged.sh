@@ -22,6 +22,10 @@
 # STUDY_DIR, STUDY_ARGS (more converged_study.py options for both studies, e.g. "--patience 5": docs/converged.md
 # found patience 3 too short on the GPU), WHEELS (as in scripts/gpu/gpu_check.sh), PYTHON.
 #
+# Issue 51's 12+12 probe of the normalization-free arms, 3 seeds, at the grid's most cautious corner (the CPU ran
+# seed 1: docs/converged.md) with T-Fixup at its setting, in a window of its own:
+#   DEPTHS=12 STUDY_ARGS="--arms rezero fixup dyt tfixup --tuned rezero=5e-4,0.3,1000 fixup=5e-4,0.3,1000
+#   dyt=5e-4,0.3,1000" (one line) WHEELS=.whl PYTHON=python3 bash scripts/gpu/gpu_converged.sh $OUT
 # On this workplace's device machine: the wheels of scripts/gpu/gpu_check.sh's header, and the corpus, which does not
 # travel from ../shared (data/cache, the encoded corpus, saves each run a few seconds):
 #   mkdir -p .gpu_data && cp -r ../shared/data/multi30k .gpu_data/ && echo /.gpu_data/ >> .git/info/exclude
