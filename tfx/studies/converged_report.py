@@ -22,6 +22,7 @@ from tfx.studies.converged_runs import (
     WINDOW,
     Setting,
     best_of,
+    best_valid,
     end_status,
     ended,
     final_runs,
@@ -118,16 +119,15 @@ def write_report(out: Path) -> str:
             run = final_runs(out, name, [1])[1]
             mark = "yes" if arm in study["settings"] and list(setting) == list(study["settings"][arm]) else ""
             if not run.exists():  # not started (a study run --until grid): the grid's score, the rest to come
-                grid = max(valid_curve(grid_run(out, arm, tuple(setting))), default=math.nan)
-                cells = [arm, setting_name(*setting), f"{grid:.2f}", "not started", "—", "—", "—", mark]
-                lines.append("| " + " | ".join(cells) + " |")
-                continue
-            curve = valid_curve(run)
-            bleu, epoch = best_of(curve)
-            grid = max(curve[: args.grid_epochs], default=math.nan)
-            scored = f"{test_scores(run, 'best', test)[0]:.2f}".replace("nan", "—")
-            cells = [arm, setting_name(*setting), f"{grid:.2f}", f"{bleu:.2f}", str(epoch), str(len(curve)), scored,
-                     mark]  # fmt: skip
+                grid = best_valid(grid_run(out, arm, tuple(setting)))[0]
+                cells = [f"{grid:.2f}", "not started", "—", "—", "—"]
+            else:
+                curve = valid_curve(run)
+                bleu, epoch = best_of(curve)
+                grid = max(curve[: args.grid_epochs], default=math.nan)
+                scored = f"{test_scores(run, 'best', test)[0]:.2f}".replace("nan", "—")
+                cells = [f"{grid:.2f}", f"{bleu:.2f}", str(epoch), str(len(curve)), scored]
+            cells = [arm, setting_name(*setting), *cells, mark]
             lines.append("| " + " | ".join(cells) + " |")
     lines += grid_lines(out, study, args)
     lines += run_lines(out)

@@ -9,6 +9,7 @@ plateau and the moment a run leaves it; valid BLEU per validation is drawn besid
 from __future__ import annotations
 
 import math
+from collections import deque
 from pathlib import Path
 
 from tfx.reporting.metrics_log import FILENAME, read_metrics
@@ -17,11 +18,11 @@ from tfx.reporting.metrics_log import FILENAME, read_metrics
 def loss_curve(run: Path, window: int = 50) -> tuple[list[int], list[float]]:
     """(updates, train loss in bits averaged over the last ``window`` updates up to each): the run's updates in
     order; a non-finite loss stays in the record but not in the mean, which then covers fewer updates."""
-    steps, means, recent = [], [], []
+    steps, means, recent = [], [], deque(maxlen=window)
     for record in read_metrics(run / FILENAME):
         if record.get("event") != "update" or "train/loss" not in record:
             continue
-        recent = [*recent, record["train/loss"]][-window:]
+        recent.append(record["train/loss"])
         finite = [v for v in recent if math.isfinite(v)]
         steps.append(record["step"])
         means.append(sum(finite) / len(finite) if finite else math.nan)
