@@ -111,7 +111,8 @@ def write_report(out: Path) -> str:
     test = next(iter(TEST_SETS))
     label = TEST_SETS[test]
     lines += ["", f"Finalists (seed 1; greedy valid BLEU, best and at the end of the grid's budget; {label} sacreBLEU "
-              "of the best-valid checkpoint, beam 5: is the choice on valid the choice on test?):", "",
+              "of the best-valid checkpoint, beam 5: is the choice on valid the choice on test? `...`: not ended yet, "
+              "its best so far):", "",
               f"| arm | setting | grid valid | converged valid | epochs to best | epochs | {label} | chosen |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, finalists in study.get("finalists", {}).items():
@@ -126,7 +127,8 @@ def write_report(out: Path) -> str:
                 bleu, epoch = best_of(curve)
                 grid = max(curve[: args.grid_epochs], default=math.nan)
                 scored = f"{test_scores(run, 'best', test)[0]:.2f}".replace("nan", "—")
-                cells = [f"{grid:.2f}", f"{bleu:.2f}", str(epoch), str(len(curve)), scored]
+                going = "" if ended(run) else " ..."  # queued or training: its best so far, not a converged score
+                cells = [f"{grid:.2f}", f"{bleu:.2f}{going}", str(epoch), f"{len(curve)}{going}", scored]
             cells = [arm, setting_name(*setting), *cells, mark]
             lines.append("| " + " | ".join(cells) + " |")
     lines += grid_lines(out, study, args)

@@ -247,6 +247,26 @@ def test_until_grid_trains_every_arms_grid_and_no_finalist_and_the_same_command_
     assert trained() == ["final/dyt_lr0.001_d0.3/seed1", "final/rezero_lr0.001_d0.3/seed1"]
 
 
+def test_a_finalist_still_training_is_reported_as_its_best_so_far_not_as_converged(
+    cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finalist that continues its grid run but has not ended (queued, or stopped mid-run) shows its best so far
+    and its epochs with `...`: before, the table read 31.00 "converged" after the grid's 2 epochs (CPU, the queue
+    stubbed)."""
+    data = _one_line_corpus(cs, tmp_path / "data")
+    monkeypatch.setattr(cs, "RunQueue", lambda *a: _RecordingQueue())
+    args = cs.parse_args(["--out", str(tmp_path / "study"), "--data-dir", str(data), "--arms", "rezero", "--lrs",
+                          "0.001", "--dropouts", "0.3", "--warmups", "0", "--until", "grid"])  # fmt: skip
+    assert cs.run_study(args) == 0
+    final = cs.final_runs(tmp_path / "study", "rezero_lr0.001_d0.3", [1])[1]
+    cs.continue_grid_run(cs.grid_run(tmp_path / "study", "rezero", (0.001, 0.3, 0)), final)
+    assert final.is_dir()
+    report = cs.write_report(tmp_path / "study")
+    assert "| rezero | lr0.001_d0.3_w0 | 31.00 | 31.00 ... | 2 | 2 ... | — |  |" in report
+    _valid_run(final, [30.0, 31.0, 29.0, 32.0, 31.5], ended="early stop: no valid/bleu gain in 1 validations")
+    assert "| rezero | lr0.001_d0.3_w0 | 31.00 | 32.00 | 4 | 5 | — |  |" in cs.write_report(tmp_path / "study")
+
+
 def _updates(run: Path) -> list[dict]:
     return [r for r in read_metrics(run / "metrics.jsonl") if r["event"] == "update"]
 
