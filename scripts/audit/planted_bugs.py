@@ -125,10 +125,10 @@ BUGS = [
         ("batches = self.batches.epoch(self.state.epoch)", "batches = self.batches.epoch(1)"),
     ], wiring("each_epoch_is_shuffled_with_its_own_number")),
     Bug("keep-last-off-by-one", "keep_last keeps one checkpoint too many", "tfx/checkpoints/manager.py", [
-        ("numbered[: -self.keep_last]", "numbered[: -self.keep_last - 1]"),
+        ("numbered_checkpoints(self.dir)[: -self.keep_last]", "numbered_checkpoints(self.dir)[: -self.keep_last - 1]"),
     ], wiring(BEST, "keep_last_prunes_by_update_not_by_file_name")),
-    Bug("keep-last-by-name", "keep_last prunes by file name, not by step", "tfx/checkpoints/manager.py", [
-        ('key=lambda p: int(p.stem.rsplit("_", 1)[1])', "key=lambda p: p.name"),
+    Bug("keep-last-by-name", "keep_last prunes by file name, not by step", "tfx/checkpoints/numbered.py", [
+        ("return [p for _, _, p in sorted(found)]", "return sorted(p for _, _, p in found)"),
     ], wiring("keep_last_prunes_by_update_not_by_file_name")),
     Bug("max-epochs-off-by-one", "max_epochs stops one epoch early", "tfx/checkpoints/train_state.py", [
         ("self.epoch > t.max_epochs", "self.epoch >= t.max_epochs"),

@@ -31,7 +31,7 @@ from tfx.checkpoints.load import (
     load_checkpoint,
     weights_only_payload,
 )
-from tfx.checkpoints.numbered import NUMBERED
+from tfx.checkpoints.numbered import NUMBERED, numbered_checkpoints
 from tfx.files.atomic import atomic_copy, atomic_save
 
 log = logging.getLogger("tfx.train")
@@ -372,8 +372,9 @@ class CheckpointManager:
         return f"the last good checkpoint is {self.dir / LAST} (update {self.last_saved_step})"
 
     def _prune_numbered(self) -> None:
-        numbered = sorted(self.dir.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
-        for old in numbered[: -self.keep_last]:
+        """Delete all but the newest ``keep_last`` numbered checkpoints; a user's ``checkpoint_avg_last5.pt`` beside
+        them is not numbered (``NUMBERED``), so it is neither parsed nor deleted."""
+        for old in numbered_checkpoints(self.dir)[: -self.keep_last]:
             old.unlink(missing_ok=True)
 
 
