@@ -267,6 +267,18 @@ def test_a_finalist_still_training_is_reported_as_its_best_so_far_not_as_converg
     assert "| rezero | lr0.001_d0.3_w0 | 31.00 | 32.00 | 4 | 5 | — |  |" in cs.write_report(tmp_path / "study")
 
 
+def test_the_average_window_counts_numbered_checkpoints_only(cs: ModuleType, tmp_path: Path) -> None:
+    """A user's file of the numbered shape (an average written aside) does not widen the window past the run's own
+    checkpoints: before, 3 epochs plus `checkpoint_avg_last5.pt` asked `tfx.average` for a window of 4 of 3 and the
+    average failed (no computation: the command is built from the folder)."""
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    for name in ["checkpoint_1_10.pt", "checkpoint_2_20.pt", "checkpoint_3_30.pt", "checkpoint_avg_last5.pt"]:
+        (ckpts / name).touch()
+    cmd = cs.average_command(tmp_path / "run")
+    assert cmd[cmd.index("--best-window") + 1] == "3"
+
+
 def _updates(run: Path) -> list[dict]:
     return [r for r in read_metrics(run / "metrics.jsonl") if r["event"] == "update"]
 
