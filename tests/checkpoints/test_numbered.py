@@ -19,3 +19,9 @@ def test_last_n_may_take_every_numbered_checkpoint(tmp_path: Path) -> None:
     for step in (10, 20, 30):
         write_checkpoint(tmp_path / f"checkpoint_1_{step}.pt", step=step)
     assert [p.name for p in last_checkpoints(tmp_path, 3)] == [f"checkpoint_1_{s}.pt" for s in (10, 20, 30)]
+
+
+def test_a_run_that_has_not_saved_yet_has_no_numbered_checkpoints(tmp_path: Path) -> None:
+    """An absent checkpoints/ folder is an empty list, not FileNotFoundError (the converged study asks for every
+    finalist's window, started or not; no computation)."""
+    assert numbered_checkpoints(tmp_path / "run" / "checkpoints") == []

@@ -26,8 +26,12 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 
 
 def numbered_checkpoints(folder: str | Path) -> list[Path]:
-    """``checkpoint_<epoch>_<step>.pt`` files in ``folder``, oldest (lowest step) first."""
-    found = [(int(m[2]), int(m[1]), p) for p in Path(folder).iterdir() if (m := NUMBERED.match(p.name))]
+    """``checkpoint_<epoch>_<step>.pt`` files in ``folder``, oldest (lowest step) first; none when ``folder`` is
+    absent (a run that has not saved yet)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m[2]), int(m[1]), p) for p in folder.iterdir() if (m := NUMBERED.match(p.name))]
     return [p for _, _, p in sorted(found)]
 
 
