@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
@@ -166,9 +166,20 @@ def chosen_finalist(out: Path, finalists: dict[str, Setting]) -> str:
     return max(finalists, key=bleu)
 
 
+_ONE_LINE_AT_A_TIME = threading.Lock()
+
+
+def write_line(line: str, stream: TextIO) -> None:
+    """``line`` whole on ``stream``: the arms' stages run in threads, and print's text and its newline are two writes
+    another thread's line can fall between (a study log read "by seed: 38.87[2026-12-07 00:08:14] study: rezero")."""
+    with _ONE_LINE_AT_A_TIME:
+        stream.write(line + "\n")
+        stream.flush()
+
+
 def say(message: str) -> None:
     """A timestamped progress line between the runs' own logs: where a study of days stands, at a glance."""
-    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] study: {message}", flush=True)
+    write_line(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] study: {message}", sys.stdout)
 
 
 def run_tuned(args: argparse.Namespace, arm: str, settings: dict[str, Setting], seeds: list[int], queue: RunQueue,
@@ -274,7 +285,7 @@ def run_decodes(args: argparse.Namespace, runs: list[Path], queue: RunQueue, pri
         for done in results:
             if done.returncode not in (0, STOPPED):
                 lines = done.stderr.strip().splitlines() or ["failed"]
-                print(f"{' '.join(done.args[:4])}: {lines[-1]}", file=sys.stderr)
+                write_line(f"{' '.join(done.args[:4])}: {lines[-1]}", sys.stderr)
         return sum(done.returncode != 0 for done in results)
 
     runs = [run for run in runs if finished(run)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -277,6 +278,30 @@ def test_the_average_window_counts_numbered_checkpoints_only(cs: ModuleType, tmp
         (ckpts / name).touch()
     cmd = cs.average_command(tmp_path / "run")
     assert cmd[cmd.index("--best-window") + 1] == "3"
+
+
+_SAY_FROM_THREADS = """
+import sys, threading
+from tests.conftest import load_script
+cs = load_script("studies/converged_study")
+sys.setswitchinterval(1e-6)  # hand the GIL over as often as possible, as the study's busy threads do
+def arm(i):
+    for j in range(1000):
+        cs.say(f"arm{i}: line {j}")
+threads = [threading.Thread(target=arm, args=(i,)) for i in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+"""
+
+
+def test_progress_lines_from_the_arms_threads_stay_whole() -> None:
+    """The arms' stages run in threads and each says where it stands; through a pipe (a study's log), print's text
+    and newline were two writes another thread's line fell between (2 to 204 of these 4000 lines, three tries)."""
+    done = subprocess.run([sys.executable, "-c", _SAY_FROM_THREADS], cwd=CHECKOUT, capture_output=True, text=True,
+                          check=True, timeout=120)  # fmt: skip
+    lines = done.stdout.splitlines()
+    whole = [line for line in lines if re.fullmatch(r"\[[\d\- :]+\] study: arm\d: line \d+", line)]
+    assert len(lines) == len(whole) == 4000
 
 
 def _updates(run: Path) -> list[dict]:
