@@ -23,10 +23,10 @@
 # found patience 3 too short on the GPU), WHEELS (as in scripts/gpu/gpu_check.sh), PYTHON.
 #
 # Issue 51's 12+12 table of the normalization-free arms, 3 seeds, each at its 3+3 setting as the CPU finalists chose
-# it (docs/converged.md: ReZero and Fixup 5e-4,0.1,0; until DyT's finalists have chosen, T-Fixup's 5e-4,0.3,0,
-# which the CPU's seed-1 probe ran in results/converged_nf_12_w0), with T-Fixup at its setting, in a window of its own:
+# it (docs/converged.md: ReZero and Fixup 5e-4,0.1,0; DyT 1e-3,0.3,0), with T-Fixup at its setting, in a window
+# of its own:
 #   DEPTHS=12 STUDY_ARGS="--arms rezero fixup dyt tfixup --tuned rezero=5e-4,0.1,0 fixup=5e-4,0.1,0
-#   dyt=5e-4,0.3,0" (one line) WHEELS=.whl PYTHON=python3 bash scripts/gpu/gpu_converged.sh $OUT
+#   dyt=1e-3,0.3,0" (one line) WHEELS=.whl PYTHON=python3 bash scripts/gpu/gpu_converged.sh $OUT
 # (the grid's most cautious corner, as the CPU ran it first: rezero=5e-4,0.3,1000 fixup=5e-4,0.3,1000 dyt=5e-4,0.3,1000)
 # On this workplace's device machine: the wheels of scripts/gpu/gpu_check.sh's header, and the corpus, which does not
 # travel from ../shared (data/cache, the encoded corpus, saves each run a few seconds):
