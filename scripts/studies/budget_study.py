@@ -44,6 +44,7 @@ from tfx.studies.harness import (
     run_recorded,
     running_mean,
     train_or_replot,
+    write_line,
 )
 
 TEST_LABELS = {"test": "test2016", "test_2017_flickr": "test2017 flickr", "test_2018_flickr": "test2018 flickr"}
@@ -97,9 +98,9 @@ def decode_all(cmds: list[list[str]], jobs: int) -> int:
         Path(cmd[-1]).parent.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(cmd, cwd=CHECKOUT, env=env, capture_output=True, text=True)
         bleu = [line for line in done.stdout.splitlines() if line.startswith("BLEU")] or ["no score"]
-        print(f"{Path(cmd[-1]).relative_to(Path(cmd[-1]).parents[2])}: {bleu[0]}")
+        write_line(f"{Path(cmd[-1]).relative_to(Path(cmd[-1]).parents[2])}: {bleu[0]}", sys.stdout)
         if done.returncode:
-            print(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed", file=sys.stderr)
+            write_line(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed", sys.stderr)
         return done.returncode
 
     with ThreadPoolExecutor(jobs) as pool:

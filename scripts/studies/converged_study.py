@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
@@ -92,6 +92,7 @@ from tfx.studies.harness import (
     searchpath,
     train_command,
     train_or_replot,
+    write_line,
 )
 from tfx.studies.queue import STOPPED, RunQueue
 
@@ -164,17 +165,6 @@ def chosen_finalist(out: Path, finalists: dict[str, Setting]) -> str:
         return -math.inf if math.isnan(score) else score
 
     return max(finalists, key=bleu)
-
-
-_ONE_LINE_AT_A_TIME = threading.Lock()
-
-
-def write_line(line: str, stream: TextIO) -> None:
-    """``line`` whole on ``stream``: the arms' stages run in threads, and print's text and its newline are two writes
-    another thread's line can fall between (a study log read "by seed: 38.87[2026-12-07 00:08:14] study: rezero")."""
-    with _ONE_LINE_AT_A_TIME:
-        stream.write(line + "\n")
-        stream.flush()
 
 
 def say(message: str) -> None:

@@ -14,10 +14,11 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from tfx.config import CONF_DIR
 from tfx.studies.arms import searchpath_entries, write_arms
@@ -35,6 +36,18 @@ def multirun(out: Path, arms: list[str], jobs: int, subdir: str, overrides: list
         search, f"hydra.sweep.dir={out / 'runs'}", f"hydra.sweep.subdir={subdir}", *overrides,
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=CHECKOUT).returncode
+
+
+_ONE_LINE_AT_A_TIME = threading.Lock()
+
+
+def write_line(line: str, stream: TextIO) -> None:
+    """``line`` whole on ``stream``: studies run their runs and decodes in threads, and print's text and its newline
+    are two writes another thread's line can fall between (a study log read "by seed: 38.87[2026-12-07 00:08:14]
+    study: rezero")."""
+    with _ONE_LINE_AT_A_TIME:
+        stream.write(line + "\n")
+        stream.flush()
 
 
 def train_command(out: Path, run: Path, overrides: list[str]) -> list[str]:
