@@ -14,7 +14,9 @@ a later arm trains on the slots an earlier one leaves idle (its long finalist st
    a short budget rewards what starts fastest, the higher lr and the weaker dropout, and both ended worse on
    Multi30k (T-Fixup: lr 1e-3 / dropout 0.1 led its grid and peaked at epoch 9; docs/converged.md).
 3. **Seeds** (the other ``--seeds``): the arm's setting to convergence (with seed 1 when the grid has one
-   setting per lr and dropout, one finalist: nothing is left to choose).
+   setting per lr and dropout, one finalist: nothing is left to choose). An arm tuned elsewhere whose ``--seeds``
+   leave out 1 (seed 1 converged in another study, or on a machine since replaced) trains those seeds only: no
+   grid run, no seed 1.
 4. **Test** (beam 5, every finalist and seed, each on its slot as soon as it converges, so a run that has ended
    carries its scores whatever becomes of the machine): the best-valid checkpoint, and the average of the best
    window of numbered checkpoints chosen on valid (``tfx.average --best-window``), on test2016, test_2017_flickr
@@ -38,6 +40,8 @@ Usage (CPU; an epoch of the 3+3 model takes about 8 minutes on one AVX2 thread i
     python scripts/studies/converged_study.py --out results/converged --arms tfixup postln --seeds 1  # results/README
     python scripts/studies/converged_study.py --out outputs/converged --tuned postln=1e-3,0.1,400  # postln: one setting
     python scripts/studies/converged_study.py --out results/converged_nf --arms rezero fixup dyt --until grid  # grids
+    python scripts/studies/converged_study.py --out results/converged_nf_s2 --arms tfixup dyt \
+        --tuned tfixup=5e-4,0.3,0 dyt=1e-3,0.3,0 --seeds 2  # second seeds of chosen settings only
     python scripts/studies/converged_study.py --out outputs/converged_gpu --preset gpu  # CPU-tuned arms, 3 seeds, a GPU
     python scripts/studies/converged_study.py --preset gpu --dry-run  # its plan, every arm's config composed
     scripts/gpu/gpu_converged.sh OUT    # the GPU preset at 3+3 and 12+12 inside a time box (one device call)
@@ -383,6 +387,8 @@ def run_study(args: argparse.Namespace) -> int:
 
     def arm_stages(arm: str, priority: int) -> tuple[int, int]:
         """One arm's stages in turn; (exit code, failed decodes)."""
+        if arm in args.tuned and 1 not in args.seeds:  # its setting is known and seed 1 not asked for: no grid
+            return seeds_only(arm, priority)
         if code := run_grid(args, arm, queue, priority):
             return code, 0
         finalists = grid_finalists(args.out, arm, args)
@@ -410,6 +416,21 @@ def run_study(args: argparse.Namespace) -> int:
                                priority)  # fmt: skip
         if code:
             return code, failed + more
+        return decoded(arm, name, finalists, priority)
+
+    def seeds_only(arm: str, priority: int) -> tuple[int, int]:
+        """An arm tuned elsewhere, more seeds of it only (``--tuned ARM=... --seeds 2``: seed 1 ran in another
+        study, on another machine): those seeds to convergence, without the grid run and seed 1 that would choose
+        nothing here. (exit code, failed decodes)."""
+        setting = args.tuned[arm]
+        record("settings", arm, setting)
+        name = finalist_name(arm, *setting[:2])
+        code, failed = run_tuned(args, arm, {name: setting}, args.seeds, queue, priority)
+        return (code, failed) if code else decoded(arm, name, {name: setting}, priority)
+
+    def decoded(arm: str, name: str, finalists: dict[str, Setting], priority: int) -> tuple[int, int]:
+        """Stage 4 for the chosen setting's seeds, each decoded as it converged: retries what failed then, says the
+        test scores; (0, decodes still unscored)."""
         runs = list(final_runs(args.out, name, args.seeds).values())
         run_decodes(args, runs, queue, priority)  # each was decoded as it converged: this retries what failed then
         test = next(iter(TEST_SETS))
@@ -460,14 +481,19 @@ def dry_run(args: argparse.Namespace) -> int:
                 print(f"arm {arm}: {type(err).__name__}: {str(err).splitlines()[0]}", file=sys.stderr)
                 return 2
             runs = len(grid) * args.grid_epochs
-            if args.until == "grid":
+            named = f" ({', '.join(setting_name(*g) for g in grid)})" if len(grid) <= 2 else ""  # --tuned took?
+            stages = f"grid {len(grid)} runs{named} x {args.grid_epochs} epochs"
+            if arm in args.tuned and 1 not in args.seeds:  # seeds_only: no grid, no seed 1
+                runs = len(args.seeds) * args.max_epochs
+                stages = f"{setting_name(*args.tuned[arm])}, no grid, no seed 1"
+                then = f"seeds {' '.join(map(str, args.seeds))} to convergence (<= {args.max_epochs} epochs)"
+            elif args.until == "grid":
                 then = "then stop (--until grid)"
             else:
                 runs += finalists * (args.max_epochs - args.grid_epochs) + seeds * args.max_epochs
                 then = f"{finalists} finalists and {seeds} more seeds to convergence (<= {args.max_epochs} epochs)"
             total += runs
-            named = f" ({', '.join(setting_name(*g) for g in grid)})" if len(grid) <= 2 else ""  # --tuned took?
-            print(f"{arm}: grid {len(grid)} runs{named} x {args.grid_epochs} epochs; {then}; "
+            print(f"{arm}: {stages}; {then}; "
                   f"at most {runs} epochs | {cfg.model.encoder_layers}+{cfg.model.decoder_layers} layers "
                   f"norm={cfg.model.norm} init={cfg.init.name} | device {cfg.train.device} {cfg.train.precision} "
                   f"batching={cfg.data.batching} compile={cfg.train.compile} | {args.jobs} runs at once, "

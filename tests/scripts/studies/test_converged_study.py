@@ -217,6 +217,36 @@ def test_seeds_added_to_a_recorded_study_are_reported(
     assert "seeds [1, 2]" in report.splitlines()[0]
 
 
+def test_more_seeds_of_arms_tuned_elsewhere_train_those_seeds_only_without_a_grid_or_seed_1(
+    cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--tuned`` arms with ``--seeds 2`` (seed 1 converged in another study, on a machine since replaced): seed 2
+    of each trains and is decoded, and nothing else; before, each arm trained its grid run and seed 1 again, twice
+    the work. An arm with a grid still trains seed 1, which chooses (CPU, the queue stubbed: no training)."""
+    data = _one_line_corpus(cs, tmp_path / "data")
+    queue = _RecordingQueue()
+    monkeypatch.setattr(cs, "RunQueue", lambda *a: queue)
+    base = ["--out", str(tmp_path / "study"), "--data-dir", str(data), "--arms", "tfixup", "dyt", "--tuned",
+            "tfixup=5e-4,0.3,0", "dyt=1e-3,0.3,0", "--seeds", "2"]  # fmt: skip
+    cs.run_study(cs.parse_args(base))  # its decodes "fail": the stub writes no scores
+    runs = [next(a for a in cmd if a.startswith("hydra.run.dir=")) for cmd in queue.cmds if "tfx.train" in cmd]
+    trained = sorted(str(Path(run.split("=", 1)[1]).relative_to(tmp_path / "study" / "runs")) for run in runs)
+    assert trained == ["final/dyt_lr0.001_d0.3/seed2", "final/tfixup_lr0.0005_d0.3/seed2"]
+    decoded = {str(Path(cmd[cmd.index("tfx.evaluate") + 1]).relative_to(tmp_path / "study" / "runs"))
+               for cmd in queue.cmds if "tfx.evaluate" in cmd}  # fmt: skip
+    assert decoded == {f"{run}/{kind}" for run in trained for kind in cs.KINDS.values()}  # both seeds, no other
+    report = cs.write_report(tmp_path / "study")
+    assert "seeds [2]" in report.splitlines()[0] and "| dyt | 2 |" in report  # its row against T-Fixup's seed 2
+    capsys.readouterr()
+    assert cs.main([*base, "--dry-run"]) == 0
+    assert "dyt: lr0.001_d0.3_w0, no grid, no seed 1; seeds 2 to convergence" in capsys.readouterr().out
+    queue.cmds.clear()
+    cs.run_study(cs.parse_args([*base[:4], "--arms", "rezero", "--lrs", "0.001", "--dropouts", "0.3", "--warmups",
+                                "0", "--seeds", "2"]))  # fmt: skip
+    runs = [next(a for a in cmd if a.startswith("hydra.run.dir=")) for cmd in queue.cmds if "tfx.train" in cmd]
+    assert [Path(run).name for run in runs] == ["lr0.001_d0.3_w0", "seed1", "seed2"]  # grid, seed 1, seed 2
+
+
 def test_until_grid_trains_every_arms_grid_and_no_finalist_and_the_same_command_without_it_goes_on(
     cs: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
