@@ -108,13 +108,28 @@ def write_report(out: Path) -> str:
                 cells.append(f"{mean_std([p[0] for p in pairs])} / {mean_std([p[1] for p in pairs])}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     lines += significance_lines(out, study, args)
+    lines += finalist_lines(out, study, args)
+    lines += grid_lines(out, study, args)
+    lines += run_lines(out)
+    text = "\n".join(lines) + "\n"
+    (out / "converged_study.md").write_text(text)
+    plot(out, study, args)
+    plot_grid(out, study, args)
+    return text
+
+
+def finalist_lines(out: Path, study: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """Every finalist's grid and converged valid BLEU and its test2016 score; none for a study that chose nothing
+    (``--tuned`` arms whose seed 1 ran elsewhere)."""
+    if not study.get("finalists"):
+        return []
     test = next(iter(TEST_SETS))
     label = TEST_SETS[test]
-    lines += ["", f"Finalists (seed 1; greedy valid BLEU, best and at the end of the grid's budget; {label} sacreBLEU "
-              "of the best-valid checkpoint, beam 5: is the choice on valid the choice on test? `...`: not ended yet, "
-              "its best so far):", "",
-              f"| arm | setting | grid valid | converged valid | epochs to best | epochs | {label} | chosen |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["", f"Finalists (seed 1; greedy valid BLEU, best and at the end of the grid's budget; {label} sacreBLEU "
+             "of the best-valid checkpoint, beam 5: is the choice on valid the choice on test? `...`: not ended yet, "
+             "its best so far):", "",
+             f"| arm | setting | grid valid | converged valid | epochs to best | epochs | {label} | chosen |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, finalists in study.get("finalists", {}).items():
         for name, setting in finalists.items():
             run = final_runs(out, name, [1])[1]
@@ -131,13 +146,7 @@ def write_report(out: Path) -> str:
                 cells = [f"{grid:.2f}", f"{bleu:.2f}{going}", str(epoch), f"{len(curve)}{going}", scored]
             cells = [arm, setting_name(*setting), *cells, mark]
             lines.append("| " + " | ".join(cells) + " |")
-    lines += grid_lines(out, study, args)
-    lines += run_lines(out)
-    text = "\n".join(lines) + "\n"
-    (out / "converged_study.md").write_text(text)
-    plot(out, study, args)
-    plot_grid(out, study, args)
-    return text
+    return lines
 
 
 def run_lines(out: Path) -> list[str]:

@@ -237,6 +237,7 @@ def test_more_seeds_of_arms_tuned_elsewhere_train_those_seeds_only_without_a_gri
     assert decoded == {f"{run}/{kind}" for run in trained for kind in cs.KINDS.values()}  # both seeds, no other
     report = cs.write_report(tmp_path / "study")
     assert "seeds [2]" in report.splitlines()[0] and "| dyt | 2 |" in report  # its row against T-Fixup's seed 2
+    assert "Finalists" not in report  # nothing was chosen here: no empty finalists' table
     capsys.readouterr()
     assert cs.main([*base, "--dry-run"]) == 0
     assert "dyt: lr0.001_d0.3_w0, no grid, no seed 1; seeds 2 to convergence" in capsys.readouterr().out
