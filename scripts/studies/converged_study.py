@@ -153,6 +153,12 @@ def grid_finalists(out: Path, arm: str, args: argparse.Namespace) -> dict[str, S
     return finalists
 
 
+def seeds_only(arm: str, args: argparse.Namespace) -> bool:
+    """Whether ``arm`` trains its ``--seeds`` alone: its setting came with ``--tuned`` and seed 1, whose grid run
+    would choose nothing, is not asked for (it converged in another study, or on a machine since replaced)."""
+    return arm in args.tuned and 1 not in args.seeds
+
+
 def seeds_with_finalists(finalists: dict[str, Setting], seeds: list[int]) -> list[int]:
     """The seeds that train alongside the finalists: seed 1, whose runs choose among them, and, when there is one
     finalist (chosen before it trains), the other seeds too, rather than after seed 1 has converged: a study of
@@ -387,8 +393,8 @@ def run_study(args: argparse.Namespace) -> int:
 
     def arm_stages(arm: str, priority: int) -> tuple[int, int]:
         """One arm's stages in turn; (exit code, failed decodes)."""
-        if arm in args.tuned and 1 not in args.seeds:  # its setting is known and seed 1 not asked for: no grid
-            return seeds_only(arm, priority)
+        if seeds_only(arm, args):
+            return seeds_alone(arm, priority)
         if code := run_grid(args, arm, queue, priority):
             return code, 0
         finalists = grid_finalists(args.out, arm, args)
@@ -418,10 +424,9 @@ def run_study(args: argparse.Namespace) -> int:
             return code, failed + more
         return decoded(arm, name, finalists, priority)
 
-    def seeds_only(arm: str, priority: int) -> tuple[int, int]:
-        """An arm tuned elsewhere, more seeds of it only (``--tuned ARM=... --seeds 2``: seed 1 ran in another
-        study, on another machine): those seeds to convergence, without the grid run and seed 1 that would choose
-        nothing here. (exit code, failed decodes)."""
+    def seeds_alone(arm: str, priority: int) -> tuple[int, int]:
+        """Stages 3 and 4 for an arm that trains its seeds alone (``seeds_only``): its ``--seeds`` at its
+        ``--tuned`` setting to convergence, then decoded. (exit code, failed decodes)."""
         setting = args.tuned[arm]
         record("settings", arm, setting)
         name = finalist_name(arm, *setting[:2])
@@ -483,7 +488,7 @@ def dry_run(args: argparse.Namespace) -> int:
             runs = len(grid) * args.grid_epochs
             named = f" ({', '.join(setting_name(*g) for g in grid)})" if len(grid) <= 2 else ""  # --tuned took?
             stages = f"grid {len(grid)} runs{named} x {args.grid_epochs} epochs"
-            if arm in args.tuned and 1 not in args.seeds:  # seeds_only: no grid, no seed 1
+            if seeds_only(arm, args):
                 runs = len(args.seeds) * args.max_epochs
                 stages = f"{setting_name(*args.tuned[arm])}, no grid, no seed 1"
                 then = f"seeds {' '.join(map(str, args.seeds))} to convergence (<= {args.max_epochs} epochs)"

@@ -130,7 +130,7 @@ def finalist_lines(out: Path, study: dict[str, Any], args: argparse.Namespace) -
              "its best so far):", "",
              f"| arm | setting | grid valid | converged valid | epochs to best | epochs | {label} | chosen |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for arm, finalists in study.get("finalists", {}).items():
+    for arm, finalists in study["finalists"].items():
         for name, setting in finalists.items():
             run = final_runs(out, name, [1])[1]
             mark = "yes" if arm in study["settings"] and list(setting) == list(study["settings"][arm]) else ""
