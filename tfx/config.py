@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import signal
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from tfx.optim.optimizers import OPTIMIZERS
 
 DATA_SOURCES = ("toy", "local", "hub")
 BATCHINGS = ("padded", "packed")  # tfx/data/batching.py, tfx/data/packing.py
+UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # tfx/runtime/precision.py says what each does
 STRATEGIES = ("ddp", "fsdp")  # tfx/runtime/sharding.py says what fsdp does
 COMPILE_SCOPES = ("layers", "model")  # tfx/runtime/compilation.py says what each compiles
@@ -206,6 +208,9 @@ class TrainConfig:
     # strict: refuse a checkpoint whose settings differ | force: resume, log the changes | weights: the weights
     # and update count only, from any checkpoint of the run (a damaged checkpoint_last.pt's way on)
     resume_mode: str = "strict"
+    # signals that stop the run cleanly (save the last completed update, exit): add SIGUSR1 for SLURM's
+    # `--signal=USR1@90` pre-emption warning (tfx/runtime/stop.py, docs/training.md "Stopping and resuming")
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT"])
     progress: bool = True  # a tqdm bar on a terminal; a log line every log_every_updates otherwise
     # log probe/output_change (RMS change of the logits of a fixed batch, T-Fixup's Theta(eta) claim) after each
     # of the first N updates, to TensorBoard and metrics.jsonl (tfx.reporting.statistics.OutputChange); 0 = off
@@ -227,6 +232,11 @@ class TrainConfig:
         _require(self.resume_mode in ("strict", "force", "weights"), "train.resume_mode: use strict, force or weights")
         _require(self.probe_updates >= 0, "train.probe_updates must be >= 0 (0 = off)")
         _require(self.probe_sentences >= 1, "train.probe_sentences must be >= 1")
+        for name in self.stop_signals:
+            _require(
+                name in signal.Signals.__members__ and name not in UNCATCHABLE,
+                f"train.stop_signals: {name!r} is not a signal a process can catch (e.g. SIGTERM, SIGINT, SIGUSR1)",
+            )
 
 
 @dataclass

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from tfx.data import BOS, EOS, PAD
 from tfx.model import EncoderOut, Transformer
+from tfx.runtime import stop
 
 log = logging.getLogger(__name__)
 
@@ -430,6 +431,7 @@ def translate_sentences(
     search = dict(max_len_a=max_len_a, max_len_b=max_len_b, autocast_dtype=autocast_dtype)
     with tqdm(total=len(src_ids), disable=not progress, unit="sent", desc="translate") as bar:
         for batch in length_batches([len(x) for x in src_ids], max_tokens, batch_size):
+            stop.check()  # inside training's validation, a stop signal ends the decode at the next batch
             src = pad_batch([src_ids[i] for i in batch], device)
             if beam == 1:
                 hyps = greedy_decode(model, src, **search)

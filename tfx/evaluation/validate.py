@@ -14,7 +14,7 @@ from tfx.evaluation.bleu import BleuResult, corpus_bleu, tokenized_bleu
 from tfx.evaluation.decode import translate_sentences
 from tfx.model import Transformer, build_model
 from tfx.optim.loss import label_smoothed_loss
-from tfx.runtime import sharding
+from tfx.runtime import sharding, stop
 
 N_SAMPLES = 5  # sample translations shown in TensorBoard
 
@@ -32,6 +32,7 @@ def valid_loss(model: Transformer, corpus: Corpus, cfg: Config, device: torch.de
     split = corpus.splits["valid"]
     loss_sum = nll_sum = ntokens = 0.0
     for indices in make_batches(split, cfg.data.max_tokens, cfg.data.max_sentences, shuffle=False):
+        stop.check()  # a stop signal ends validation at the next batch (tfx.runtime.stop)
         batch = collate(split, indices).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(batch.src_tokens, batch.prev_output_tokens)

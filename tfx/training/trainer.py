@@ -28,6 +28,7 @@ from tfx.optim.optimizers import lr_at
 from tfx.reporting.logger import Budget, Progress
 from tfx.reporting.reporter import Reporter
 from tfx.runtime import compilation, distributed
+from tfx.runtime.stop import StopRequested, StopSignal
 from tfx.training import build
 from tfx.training.checkpointing import Checkpointer
 from tfx.training.pending import PendingUpdates
@@ -39,25 +40,7 @@ from tfx.training.validation import Validator
 
 UpdateHook = Callable[["Trainer", dict[str, float]], None]
 
-
-class StopSignal:
-    """SIGTERM/SIGINT: finish the current step, write checkpoint_last.pt, exit cleanly."""
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignal:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.received = signal.Signals(signum).name
+__all__ = ["StopSignal", "Trainer", "UpdateHook", "train"]
 
 
 class Trainer:
@@ -150,17 +133,21 @@ class Trainer:
         n_params = sum(p.numel() for p in self.model.parameters())
         self.report.start(self.run_dir, self.cfg, n_params, self.device, self.precision.name, self.dist.world_size)
         started = time.perf_counter()
-        with StopSignal() as stop:
+        signals = tuple(signal.Signals[name] for name in self.cfg.train.stop_signals)
+        with StopSignal(signals) as stop:
             try:
                 with self.progress.shown():  # a bar on a terminal, log lines above it
                     self._loop(stop)
+            except StopRequested:
+                pass  # inside validation: the state is the last completed update's, and _finish saves it
             except TrainingDiverged:
                 self.report.end(self.state.step, "diverged", self.state.train_seconds)
                 raise
-        return self._finish(stop, time.perf_counter() - started)
+            return self._finish(stop, time.perf_counter() - started)
 
     def _loop(self, stop: StopSignal) -> None:
         """Epochs of updates, each validating and saving at its end, until a limit or a signal stops them."""
+        self._catch_up()
         while not self._should_stop(stop):
             batches = self.batches.epoch(self.state.epoch)
             self._epoch_batches = len(batches)
@@ -216,15 +203,27 @@ class Trainer:
         for action in due.actions:
             action.run(self)
 
+    def _catch_up(self) -> None:
+        """A stop inside a scheduled validation saved its update with that validation (and the save and actions
+        after it) undone: a resumed run does them first, as the uninterrupted run did at that update. (An epoch's
+        end needs nothing here: its state is saved before the epoch counter moves, so the loop ends it again.)"""
+        step = self.state.step
+        if step and self.state.validated_step != step and self.schedule.due(step).validate:
+            self._run_due()
+
     def _end_epoch(self) -> None:
-        """Validate and save; a numbered checkpoint carries the epoch that just finished."""
+        """Validate and save; a numbered checkpoint carries the epoch that just finished.
+
+        The epoch counter moves only after validation, so a stop inside it saves the epoch as finished but not
+        yet ended, and the resumed run validates and saves it as if it had never stopped."""
         self._flush()
         finished = self.state.epoch
+        improved = self.validator.validate()
         self.state.epoch += 1
         self.state.batch_in_epoch = 0
         numbered = self.checkpointer.label_at_epoch_end(finished)
         # with numbered saves by epoch only, this one replaces what a stop wrote earlier in the same epoch
-        self.save(self.validator.validate(), numbered, whole_epoch=not self.cfg.train.save_every_updates)
+        self.save(improved, numbered, whole_epoch=not self.cfg.train.save_every_updates)
 
     def _should_stop(self, stop: StopSignal) -> bool:
         """Every rank must agree, or DDP would hang: stop if any rank wants to."""
@@ -235,17 +234,25 @@ class Trainer:
 
     def _finish(self, stop: StopSignal, wall_seconds: float) -> dict[str, Any]:
         self._flush()
-        # validate() is a no-op when the last epoch end already validated (and saved) this update.
-        improved = stop.received is None and self.validator.validate()
+        improved = False
+        # a no-op when the last epoch end already validated (and saved) this update; a stop inside it leaves the
+        # update unvalidated, and the resumed run (its budget spent) comes straight here to validate it again
+        with contextlib.suppress(StopRequested):
+            improved = stop.received is None and self.validator.validate()
         self.save(best=improved, numbered_epoch=self.checkpointer.final_numbered_epoch())
         if stop.received is not None:
             self.report.stopped(stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt")
         status = self.state.end_status(self.cfg.train) if stop.received is None else f"stopped by {stop.received}"
         self.report.end(self.state.step, status, self.state.train_seconds)
         self.report.final(self.cfg)
-        epochs = self.state.epoch - 1 + self.state.batch_in_epoch / max(self._epoch_batches, 1)
-        self.report.summary(self.state, epochs, wall_seconds, self.ckpts.dir, status)
+        self.report.summary(self.state, self._epochs_done(), wall_seconds, self.ckpts.dir, status)
         return {**self.state.summary(), "losses": self.losses, "stopped_by": stop.received}
+
+    def _epochs_done(self) -> float:
+        """Epochs trained, with the fraction of the current one (a relaunched finished run trained no batch here,
+        so the epoch's length comes from the data, not from this process's loop)."""
+        batches = self._epoch_batches or len(self.batches.epoch(self.state.epoch))
+        return self.state.epoch - 1 + self.state.batch_in_epoch / max(batches, 1)
 
 
 def train(

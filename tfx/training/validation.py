@@ -14,6 +14,7 @@ from tfx.data import Corpus
 from tfx.evaluation.validate import validate_on_main
 from tfx.reporting.reporter import Reporter
 from tfx.runtime import compilation, distributed
+from tfx.runtime.stop import StopRequested
 
 
 class Validator:
@@ -42,24 +43,32 @@ class Validator:
 
     def validate(self) -> bool:
         """Validate unless this update already was (a resumed run must not count it twice); True when BLEU
-        improved."""
+        improved. A stop signal inside it (rank 0 checks once per batch) raises ``StopRequested`` on every rank
+        with the state as before, so the update is saved unvalidated and validated again on resume."""
         state = self.state
         if state.validated_step == state.step:
             return False
-        state.validated_step = state.step
+        result, stopped = None, None
         with compilation.eager():
-            result = validate_on_main(self.model, self.corpus, self.cfg, self.device, self.bf16, self.is_main)
+            try:
+                result = validate_on_main(self.model, self.corpus, self.cfg, self.device, self.bf16, self.is_main)
+            except StopRequested as request:
+                stopped = request.signal_name
         improved, loss = False, math.inf
         if result is not None:
             improved = result.bleu > self.state.best_bleu
             loss = result.metrics["valid/loss"]
+        # Every rank keeps the same state (save decides from it), learns whether this was the best, and whether
+        # rank 0 stopped (the others wait here, so they stop with it).
+        improved, loss, result, stopped = distributed.broadcast_object((improved, loss, result, stopped))
+        if stopped is not None:
+            raise StopRequested(stopped)
+        state.validated_step = state.step
+        if result is not None:
             state.best_bleu = max(state.best_bleu, result.bleu)
             state.best_step = state.step if improved else state.best_step
-            self.report.valid(state.step, result, state.best_bleu, state.train_seconds / 60)
-        # Every rank keeps the same state (save decides from it) and learns whether this was the best.
-        improved, loss, state.best_bleu, state.best_step = distributed.broadcast_object(
-            (improved, loss, state.best_bleu, state.best_step)
-        )
+            if self.is_main:
+                self.report.valid(state.step, result, state.best_bleu, state.train_seconds / 60)
         state.count_patience(improved, loss, self.cfg.train.patience_metric)
         self.report.restart_window()  # validation time is not training throughput
         return improved
