@@ -32,7 +32,7 @@ from tfx.checkpoints.load import (
     weights_only_payload,
 )
 from tfx.checkpoints.numbered import NUMBERED, numbered_checkpoints
-from tfx.files.atomic import atomic_copy, atomic_save
+from tfx.checkpoints.transaction import SaveTransaction, recover
 
 log = logging.getLogger("tfx.train")
 
@@ -211,10 +211,12 @@ class CheckpointManager:
         self._lock_fd = fd
 
     def _remove_stale_temp_files(self) -> None:
-        """``atomic_open`` names its temp files ``.<name>.<random>.tmp``; under the lock none is live."""
-        for tmp in self.dir.glob(".*.tmp"):
-            size = tmp.stat().st_size
-            tmp.unlink(missing_ok=True)
+        """Finish a save a kill interrupted after its commit (``tfx.checkpoints.transaction``), then remove the
+        temp files of saves killed before it (``.<name>.<random>.tmp``); under the lock none is live."""
+        finished, removed = recover(self.dir)
+        if finished:
+            log.info("finished the save an interrupted run had committed in %s", self.dir)
+        for tmp, size in removed:
             log.info("removed %s (%.1f MB), left by an interrupted save", tmp, size / 2**20)
 
     # ----------------------------------------------------------------------------- resume
@@ -322,60 +324,66 @@ class CheckpointManager:
         self, payload: dict[str, Any], write_last: bool, best: bool, numbered_epoch: int | None,
         whole_epoch: bool = False,
     ) -> None:  # fmt: skip
-        """checkpoint_last.pt (full payload) and weights-only best/numbered copies, each atomic.
+        """checkpoint_last.pt (full payload) and weights-only best/numbered copies, as one transaction
+        (``tfx.checkpoints.transaction``): a kill at any point leaves this save's files or the previous save's.
 
         ``whole_epoch``: the numbered checkpoint closes its epoch, so it replaces (after it is written) the
         numbered checkpoints of the same epoch that a stop wrote mid-epoch: an interrupted and resumed run
         keeps one numbered checkpoint per epoch, and ``--avg N`` averages N epochs, as without the stop.
-        A failure from a full disk becomes one line naming the file and the last good checkpoint;
-        ``atomic_open`` has already removed the partial temp file and left the previous file intact.
+        A failure from a full disk becomes one line naming the file and the last good checkpoint; the staged
+        files are removed and the previous ones left intact.
         """
         if not self.is_main:
             return
         step = payload["step"]
-        targets = [self.dir / BEST] if best else []
-        if numbered_epoch is not None:
-            targets.append(self.dir / f"checkpoint_{numbered_epoch}_{step}.pt")
-        writing = self.dir / LAST
+        numbered = f"checkpoint_{numbered_epoch}_{step}.pt" if numbered_epoch is not None else None
+        copies = ([BEST] if best else []) + ([numbered] if numbered else [])
+        tx, writing = SaveTransaction(self.dir), self.dir / LAST
         try:
+            if copies:
+                writing = self.dir / copies[0]
+                with tx.stage(copies[0]) as f:
+                    torch.save(weights_only_payload(payload), f)
+                for other in copies[1:]:
+                    writing = self.dir / other
+                    tx.copy(copies[0], other)
             if write_last:
-                atomic_save(payload, writing)
-                self.last_saved_step = step
-            if targets:
-                writing = targets[0]
-                atomic_save(weights_only_payload(payload), writing)
-                for other in targets[1:]:
-                    writing = other
-                    atomic_copy(targets[0], other)
+                writing = self.dir / LAST
+                with tx.stage(LAST) as f:
+                    torch.save(payload, f)
+            for old in self._superseded(numbered, numbered_epoch, step, whole_epoch):
+                tx.remove(old)
+            writing = self.dir
+            tx.commit()
         except (OSError, RuntimeError) as err:
+            tx.abort()
             if not is_disk_full(err):
                 raise
             raise RunFolderError(f"no space left on device writing {writing}; {self.last_good()}") from err
-        if numbered_epoch is not None:
-            if whole_epoch:
-                self._drop_partial_epoch(numbered_epoch, step)
-            self._prune_numbered()
+        if write_last:
+            self.last_saved_step = step
+
+    def _superseded(self, numbered: str | None, epoch: int | None, step: int, whole_epoch: bool) -> list[str]:
+        """The numbered checkpoints this save removes: with ``whole_epoch``, those a stop wrote earlier in the same
+        epoch; then all but the newest ``keep_last`` (a user's ``checkpoint_avg_last5.pt`` is not numbered, so it is
+        neither parsed nor removed)."""
+        if numbered is None:
+            return []
+        found = {p.name: NUMBERED.match(p.name) for p in numbered_checkpoints(self.dir)}
+        partial = [n for n, m in found.items() if whole_epoch and int(m[1]) == epoch and int(m[2]) < step]
+        kept = {n: (int(m[2]), int(m[1])) for n, m in found.items() if n not in partial} | {numbered: (step, epoch)}
+        pruned = sorted(kept, key=kept.__getitem__)[: -self.keep_last]
+        return partial + [name for name in pruned if name != numbered]
 
     def has_numbered(self, step: int) -> bool:
         """Whether a numbered checkpoint of update ``step`` exists (the run's end need not write another)."""
         found = self.dir.iterdir() if self.dir.is_dir() else ()
         return any(int(m[2]) == step for p in found if (m := NUMBERED.match(p.name)))
 
-    def _drop_partial_epoch(self, epoch: int, step: int) -> None:
-        for path in self.dir.iterdir():
-            if (m := NUMBERED.match(path.name)) and int(m[1]) == epoch and int(m[2]) < step:
-                path.unlink(missing_ok=True)
-
     def last_good(self) -> str:
         if self.last_saved_step is None:
             return "no checkpoint was written yet"
         return f"the last good checkpoint is {self.dir / LAST} (update {self.last_saved_step})"
-
-    def _prune_numbered(self) -> None:
-        """Delete all but the newest ``keep_last`` numbered checkpoints; a user's ``checkpoint_avg_last5.pt`` beside
-        them is not numbered (``NUMBERED``), so it is neither parsed nor deleted."""
-        for old in numbered_checkpoints(self.dir)[: -self.keep_last]:
-            old.unlink(missing_ok=True)
 
 
 def weights_train_state(ckpt: dict[str, Any]) -> dict[str, Any]:

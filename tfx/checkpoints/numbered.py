@@ -12,17 +12,21 @@ import sys
 from pathlib import Path
 
 from tfx.checkpoints.load import CheckpointError
+from tfx.checkpoints.transaction import settle
 
 NUMBERED = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # checkpoint_<epoch>_<step>.pt, written by tfx.train
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
-    """``RUN/checkpoints`` when it exists (a run folder), else the folder itself."""
+    """``RUN/checkpoints`` when it exists (a run folder), else the folder itself; a save that a killed trainer
+    had committed is finished first (``transaction.settle``), so a reader sees one save's files, whole."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist")
     sub = run_dir / "checkpoints"
-    return sub if sub.is_dir() else run_dir
+    folder = sub if sub.is_dir() else run_dir
+    settle(folder)
+    return folder
 
 
 def numbered_checkpoints(folder: str | Path) -> list[Path]:
