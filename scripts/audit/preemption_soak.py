@@ -34,7 +34,7 @@ SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
 RUN = [  # toy task, 2+2 layers d 32: about 40 updates an epoch; validation every 15 updates, a save every 10
     "model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=32", "model.ffn_dim=64",
     "data.toy_train_size=600", "data.toy_valid_size=64", "train.valid_max_sentences=0", "train.progress=false",
-    "train.threads=1", "data.max_tokens=256", "train.precision=fp32", "train.max_updates=240",
+    "train.threads=1", "data.max_tokens=256", "train.precision=fp32", "train.max_updates=600",
     "train.validate_every_updates=15", "train.save_every_updates=10", "train.save_every_epochs=0",
     "train.keep_last=4", "train.log_every_updates=5",
 ]  # fmt: skip
@@ -70,7 +70,7 @@ def interrupt_once(cmd: list[str], run_dir: Path, rng: random.Random) -> dict:
         if max((s for s, _ in logged_updates(run_dir)), default=0) > start:
             break
         time.sleep(0.05)
-    time.sleep(rng.uniform(0.0, 2.5))
+    time.sleep(rng.uniform(0.0, 1.0))  # about 15 updates a second: a signal within the next ~15
     sig = rng.choice(SIGNALS)
     ended_before = proc.poll() is not None
     if not ended_before:
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("out", type=Path, help="a new folder for the two runs and the data cache")
     parser.add_argument("--interruptions", type=int, default=20)
-    parser.add_argument("--max-updates", type=int, default=240)
+    parser.add_argument("--max-updates", type=int, default=600)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     rng, cache = random.Random(args.seed), args.out / "cache"

@@ -9,6 +9,7 @@ runs are compared exactly (weights, validation records, checkpoint names).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -16,10 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 import tfx.evaluation.decode as decode
 import tfx.evaluation.validate as validate
-from tests.test_train import tiny_cfg
+from tests.test_train import free_port, join_two_ranks, tiny_cfg
 from tfx.checkpoints.load import load_checkpoint
 from tfx.config import Config
 from tfx.runtime import stop
@@ -154,3 +156,37 @@ def test_check_is_a_no_op_outside_a_stop_block_and_raises_inside_once_a_signal_a
         assert received.received == "SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is previous
     stop.check()
+
+
+def _ddp_stopped_in_validation(rank: int, cfg: Config, run_dir: str, port: int, out: str) -> None:
+    """Rank 0 gets SIGTERM inside its first validation, while rank 1 waits for it in a collective."""
+    join_two_ranks(rank, port)
+    if rank == 0:
+        SignalInValidation(pytest.MonkeyPatch(), at_validation=1, where="decode", signum=signal.SIGTERM)
+    logging.getLogger("tfx").addHandler(logging.FileHandler(f"{out}.{rank}.log"))
+    torch.save(train(cfg, Path(run_dir))["stopped_by"], f"{out}.{rank}")
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_stop_together_when_rank_0_is_signalled_inside_validation(tmp_path: Path) -> None:
+    """gloo, two CPU ranks, fp32: rank 1 waits in the validation's broadcast; both stop, rank 0 alone writes and
+    says so (issue 69: every rank logged "stopped by SIGTERM ... wrote checkpoint_last.pt")."""
+    cfg = run_cfg(tmp_path, max_epochs=2, layer_stats_every_updates=0)
+    out = str(tmp_path / "stopped_by")
+    mp.spawn(_ddp_stopped_in_validation, args=(cfg, str(tmp_path / "ddp"), free_port(), out), nprocs=2, join=True)
+    assert torch.load(f"{out}.0") == "SIGTERM" and torch.load(f"{out}.1") == "SIGTERM"
+    saved = load_checkpoint(tmp_path / "ddp" / "checkpoints" / "checkpoint_last.pt")
+    assert saved["train_state"]["validated_step"] < saved["step"]
+    assert "stopped by SIGTERM" in Path(f"{out}.0.log").read_text()
+    assert "stopped by" not in Path(f"{out}.1.log").read_text()
+
+
+def test_a_relaunched_finished_run_reports_the_epochs_it_trained(tmp_path: Path, caplog) -> None:
+    """A 5-update run of 32-update epochs trained 0.16 epochs; relaunched, it said "5 updates, 5.00 epochs"."""
+    cfg = run_cfg(tmp_path, max_updates=5)
+    train(cfg, tmp_path / "run")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tfx"):
+        train(cfg, tmp_path / "run")
+    done = [r.getMessage() for r in caplog.records if r.getMessage().startswith("done (")]
+    assert len(done) == 1 and ": 5 updates, 0.16 epochs," in done[0], done

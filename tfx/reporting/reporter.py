@@ -95,6 +95,9 @@ class Reporter:
         )  # fmt: skip
 
     def stopped(self, signal: str, step: int, last: Path) -> None:
+        """The stop's one line, from rank 0 alone: it is the one that wrote ``last``."""
+        if self.jsonl.path is None:  # not rank 0
+            return
         log.warning("stopped by %s at update %d; wrote %s; re-run the same command to resume", signal, step, last)
 
     def end(self, step: int, status: str, train_seconds: float) -> None:

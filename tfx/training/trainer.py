@@ -138,8 +138,8 @@ class Trainer:
             try:
                 with self.progress.shown():  # a bar on a terminal, log lines above it
                     self._loop(stop)
-            except StopRequested:
-                pass  # inside validation: the state is the last completed update's, and _finish saves it
+            except StopRequested as request:  # inside validation (every rank raises it together)
+                stop.request(request.signal_name)  # the state is the last completed update's: _finish saves it
             except TrainingDiverged:
                 self.report.end(self.state.step, "diverged", self.state.train_seconds)
                 raise
@@ -234,11 +234,14 @@ class Trainer:
 
     def _finish(self, stop: StopSignal, wall_seconds: float) -> dict[str, Any]:
         self._flush()
+        self._agree_on_stop(stop)
         improved = False
         # a no-op when the last epoch end already validated (and saved) this update; a stop inside it leaves the
         # update unvalidated, and the resumed run (its budget spent) comes straight here to validate it again
-        with contextlib.suppress(StopRequested):
+        try:
             improved = stop.received is None and self.validator.validate()
+        except StopRequested as request:
+            stop.request(request.signal_name)
         self.save(best=improved, numbered_epoch=self.checkpointer.final_numbered_epoch())
         if stop.received is not None:
             self.report.stopped(stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt")
@@ -247,6 +250,15 @@ class Trainer:
         self.report.final(self.cfg)
         self.report.summary(self.state, self._epochs_done(), wall_seconds, self.ckpts.dir, status)
         return {**self.state.summary(), "losses": self.losses, "stopped_by": stop.received}
+
+    @staticmethod
+    def _agree_on_stop(stop: StopSignal) -> None:
+        """Every rank ends alike (the final validation and save are collectives): stopped by a signal if any rank
+        received one, though the others did not (a signal sent to one process of the job)."""
+        names = [name for name in distributed.gather_to_main(stop.received) if name is not None]
+        received = distributed.broadcast_object(names[0] if names else None)
+        if received is not None and stop.received is None:
+            stop.request(received)
 
     def _epochs_done(self) -> float:
         """Epochs trained, with the fraction of the current one (a relaunched finished run trained no batch here,
