@@ -21,6 +21,9 @@ from tfx.checkpoints.numbered import checkpoint_dir
 from tfx.checkpoints.transaction import JOURNAL, SaveTransaction, recover, settle
 from tfx.train import train
 
+# fp32 pinned (tiny_cfg): CI runs these in its first pass only (docs/testing.md)
+pytestmark = pytest.mark.fixed_precision
+
 torch.set_num_threads(1)
 
 

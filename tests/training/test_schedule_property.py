@@ -53,6 +53,9 @@ from tfx.train import train
 from tfx.training import build
 from tfx.training.schedule import Action, Every
 
+# fp32 pinned (tiny_cfg): CI runs these in its first pass only (docs/testing.md)
+pytestmark = pytest.mark.fixed_precision
+
 STOPS = ("max_updates", "max_epochs", "minutes", "signal", "patience")
 BACKSTOP = 8  # updates past a signal or a time budget at which max_updates would end a run that ignored them
 PATIENCE_BACKSTOP = 40  # max_updates under a patience stop: a run whose BLEU keeps improving ends there

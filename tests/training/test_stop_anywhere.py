@@ -27,6 +27,9 @@ from tfx.config import Config
 from tfx.runtime import stop
 from tfx.train import train
 
+# fp32 pinned (tiny_cfg): CI runs these in its first pass only (docs/testing.md)
+pytestmark = pytest.mark.fixed_precision
+
 
 class SignalInValidation:
     """Sends ``signum`` to this process at the ``at``-th batch of the ``at_validation``-th validation's loss pass

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# fp32 pinned (the soak's command line): CI runs it in its first pass only (docs/testing.md)
+pytestmark = pytest.mark.fixed_precision
+
 REPO = Path(__file__).resolve().parents[3]
 
 
