@@ -21,6 +21,7 @@ from tfx.checkpoints.load import CheckpointError
 from tfx.checkpoints.train_state import TrainingDiverged
 from tfx.config import CONF_DIR, Config, register_configs, to_config, unknown_key
 from tfx.data import DataError
+from tfx.files.environment import Remedy, environment_errors
 from tfx.runtime.distributed import DeviceError
 from tfx.runtime.precision import PrecisionError
 from tfx.runtime.sharding import ShardingError
@@ -52,6 +53,31 @@ def _main(cfg_node: Any) -> float:
         log.error("config error: %s", e)
         sys.exit(2)
     run_dir, sweeping = _run_context()
+    with environment_errors("tfx.train", _remedy(cfg, run_dir), report=_log_line):
+        return _train_reporting_errors(cfg, run_dir, sweeping)
+
+
+def _remedy(cfg: Config, run_dir: Path) -> Remedy:
+    """What a user can change when the machine fails the run: where it writes, what takes host memory."""
+    folders = {
+        "hydra.run.dir": run_dir,
+        "data.cache_dir": cfg.data.cache_dir,
+        "data.hub_cache_dir": cfg.data.hub_cache_dir,
+    }
+    return Remedy(folders, memory="lower data.max_tokens, data.num_workers or train.threads")
+
+
+def _log_line(line: str) -> None:
+    """``log.error``, without logging's own traceback when the log file cannot take the line (a full disk)."""
+    raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False
+    try:
+        log.error("%s", line)
+    finally:
+        logging.raiseExceptions = raise_exceptions
+
+
+def _train_reporting_errors(cfg: Config, run_dir: Path, sweeping: bool) -> float:
+    """``train``, its user errors as one line and exit 1 (a diverged sweep point as nan); the best BLEU."""
     try:
         summary = train(cfg, run_dir)
     except TrainingDiverged as e:

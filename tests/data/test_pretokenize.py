@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.data.helpers import SHARED_DATA
 from tfx.data.pretokenize import main, multi30k_tokenize, pretokenize_folder
+from tfx.files import atomic
 
 MULTI30K = SHARED_DATA / "multi30k"
 
@@ -48,6 +51,31 @@ def test_a_folder_keeps_names_and_line_counts_and_skips_other_files(tmp_path: Pa
     assert main([str(src), str(tmp_path / "tok")]) == 0
     assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == ["train.de", "train.en"]
     assert (tmp_path / "tok" / "train.de").read_text(encoding="utf-8") == "ein hund läuft .\nzwei katzen !\n"
+
+
+def test_a_folder_it_may_not_write_is_one_line_and_keeps_earlier_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """EACCES from mkstemp (raised by a stand-in: tests run as root, whom chmod does not stop) names the file and
+    out_dir; a file tokenized before is left whole. No model: precision and device do not apply."""
+    src, out = tmp_path / "raw", tmp_path / "tok"
+    src.mkdir()
+    out.mkdir()
+    (src / "train.de").write_text("Ein Hund läuft.\n", encoding="utf-8")
+    (out / "train.de").write_text("ein hund läuft .\n", encoding="utf-8")
+
+    def forbidden(prefix: str, suffix: str, dir: Path) -> tuple[int, str]:  # noqa: A002 - mkstemp's own name
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(Path(dir) / f"{prefix}x1y2{suffix}"))
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", forbidden)
+    with pytest.raises(SystemExit) as stopped:
+        main([str(src), str(out)])
+    assert stopped.value.code == 1
+    assert capsys.readouterr().err == (
+        f"tfx.data.pretokenize: permission denied: {out / 'train.de'}: check its permissions and its folder's "
+        "(ls -ld), or point out_dir at a folder you can write\n"
+    )
+    assert (out / "train.de").read_text(encoding="utf-8") == "ein hund läuft .\n"
 
 
 def test_an_empty_folder_is_refused(tmp_path: Path) -> None:

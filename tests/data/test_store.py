@@ -4,8 +4,10 @@ gave. CPU only, no model computation; ids are compared exactly."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +67,35 @@ def test_an_abandoned_write_leaves_the_old_store_and_no_temporary_file(tmp_path:
     writer.append(np.array([1, 2, EOS]), np.array([3]))
     writer.abandon()
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["s.tok"]
+
+
+def test_a_full_disk_while_encoding_names_the_store_and_keeps_the_old_one(tmp_path: Path, monkeypatch) -> None:
+    """A write to an open file reports ENOSPC without a path (raised here by a stand-in): the error names the store,
+    the store there before is untouched and no temporary file is left."""
+    path = tmp_path / "s.tok"
+    write_store(path, SENTENCES)
+    before = path.read_bytes()
+
+    def no_space(self: StoreWriter, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(StoreWriter, "_write", no_space)
+    tokenizer = Tokenizer(_train_spm([a for a, _ in PAIRS] * 20, 60, "bpe", 1.0, 1, "test"))
+    side = stream.list_side(["ein Hund", "eine Katze"], "test (de)")
+    with pytest.raises(OSError) as raised:
+        encoding.encode_side(side, tokenizer, path)
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(path))
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["s.tok"]
+
+
+def test_a_file_that_vanishes_is_the_machines_failure_not_a_bad_gzip_file(tmp_path: Path) -> None:
+    """ENOENT from reading a side keeps its errno (tfx.files.environment says what it is); gzip's own errors,
+    which have none, stay a DataError."""
+    with pytest.raises(FileNotFoundError):
+        list(stream.file_blocks(tmp_path / "gone.de"))
+    (tmp_path / "bad.de.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(DataError, match="not a valid gzip file"):
+        list(stream.file_blocks(tmp_path / "bad.de.gz"))
 
 
 def test_chunked_reading_splits_lines_as_read_lines_does(tmp_path: Path, monkeypatch) -> None:

@@ -4,6 +4,8 @@ wording of each refusal."""
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from tfx.checkpoints.load import CheckpointError, load_checkpoint
 from tfx.checkpoints.numbered import checkpoint_dir, last_checkpoints
 from tfx.evaluation import average
 from tfx.evaluation.average import average_checkpoints, best_window, parse_args, windows
+from tfx.files import atomic
 from tfx.files.atomic import atomic_save
 
 KEY = "encoder.embedding.embed.weight"
@@ -206,3 +209,25 @@ def test_each_difference_is_named(tmp_path: Path, edit: Any, why: str) -> None:
     b = changed(tmp_path, "b.pt", edit)
     v = load_checkpoint(a)["vocab_size"]
     assert message(average_checkpoints, [a, b]) == f"cannot average {a} and {b}: " + why.format(v=v, w=v + 1)
+
+
+def test_a_full_disk_writing_the_average_is_one_line_and_keeps_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """ENOSPC at fsync (raised by a stand-in) names --output; the average written before stays whole. CPU, fp32
+    checkpoints (their values are not what is checked here)."""
+    paths = run_of(tmp_path, 2)
+    out = tmp_path / "avg.pt"
+    out.write_bytes(b"an earlier average")
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomic.os, "fsync", no_space)
+    with pytest.raises(SystemExit) as stopped:
+        average.main(["--inputs", *map(str, paths), "--output", str(out)])
+    assert stopped.value.code == 1
+    assert capsys.readouterr().err == (
+        f"tfx.average: no space left on device writing {out}: free space there, or point --output at another disk\n"
+    )
+    assert out.read_bytes() == b"an earlier average" and sorted(p.name for p in tmp_path.iterdir()) == ["avg.pt", "run"]

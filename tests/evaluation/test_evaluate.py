@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from tests.checkpoint_helpers import REPO, synthetic_text, tiny_config, write_ch
 from tests.evaluation.test_average import make_run
 from tfx.config import DataConfig
 from tfx.evaluation import evaluate
+from tfx.files import atomic
 
 SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:"
 
@@ -118,6 +120,28 @@ def test_local_split_relative_to_cwd_and_data_dir_override(
     assert evaluate.main(["run", "--split", "test", "--quiet"]) == 1  # corpus/test.* does not exist
     err = capsys.readouterr().err
     assert err.startswith("error:") and err.count("\n") == 1
+
+
+def test_a_read_only_output_folder_is_one_line_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """mkstemp fails with EROFS in the checkpoint's folder (raised by a stand-in: root ignores chmod); the line names
+    the hypothesis file and --output, and nothing is written. CPU, fp32, greedy."""
+    ckpt = write_checkpoint(tmp_path / "ckpt" / "checkpoint_best.pt")
+    src, ref = write_parallel(tmp_path / "data", "test", n=2)
+
+    def read_only(prefix: str, suffix: str, dir: Path) -> tuple[int, str]:  # noqa: A002 - mkstemp's own name
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(Path(dir) / f"{prefix}x1y2{suffix}"))
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", read_only)
+    with pytest.raises(SystemExit) as stopped:
+        evaluate.main([str(ckpt), "--src", str(src), "--ref", str(ref), "--beam", "1", "--device", "cpu", "--quiet"])
+    assert stopped.value.code == 1
+    hyp = ckpt.with_name("checkpoint_best.test.de.hyp")
+    assert capsys.readouterr().err == (
+        f"tfx.evaluate: read-only file system: cannot write {hyp}: point --output at a folder you can write\n"
+    )
+    assert [p.name for p in ckpt.parent.iterdir()] == ["checkpoint_best.pt"]
 
 
 def test_run_dir_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +15,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from tfx.config import compose_config
+from tfx.files import atomic
 from tfx.studies import harness
 from tfx.studies.arms import ARMS, write_arm, write_arms
-from tfx.studies.harness import CHECKOUT, multirun, open_study, running_mean, train_or_replot
+from tfx.studies.harness import CHECKOUT, multirun, open_study, running_mean, save_study, train_or_replot
 
 
 def test_each_arm_file_overrides_the_method_and_adds_its_settings(tmp_path: Path) -> None:
@@ -97,6 +100,45 @@ def test_train_or_replot(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "ok" / "study.json").write_text("{}")
     assert train_or_replot(replot, train, report) == 0 and len(trained) == 2
     assert capsys.readouterr().out == "table of ok\n"
+
+
+def test_a_full_disk_during_a_study_is_one_line_naming_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A failure of the machine in a study's own process (here ENOSPC raised by its train step) is one line and exit 1;
+    a bug keeps its traceback. No model: precision and device do not apply."""
+    monkeypatch.setattr(sys, "argv", ["scripts/studies/converged_study.py"])
+    full = tmp_path / "study" / "study.json"
+
+    def no_space(args: argparse.Namespace) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(full))
+
+    args = argparse.Namespace(out=tmp_path / "study", replot=False)
+    with pytest.raises(SystemExit) as stopped:
+        train_or_replot(args, no_space, str)
+    assert stopped.value.code == 1
+    assert capsys.readouterr().err == (
+        f"converged_study.py: no space left on device writing {full}: free space there, or point --out at another "
+        "disk\n"
+    )
+    with pytest.raises(KeyError):
+        train_or_replot(args, lambda args: {}["bug"], str)
+
+
+def test_the_study_record_is_written_whole_or_left_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """study.json holds a long study's wall time: a full disk (ENOSPC at fsync, raised by a stand-in) keeps the old
+    record instead of cutting it short."""
+    path = tmp_path / "study.json"
+    save_study(path, {"wall_seconds": 3600.0})
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomic.os, "fsync", no_space)
+    with pytest.raises(OSError, match="No space left on device"):
+        save_study(path, {"wall_seconds": 7200.0})
+    assert json.loads(path.read_text()) == {"wall_seconds": 3600.0}
+    assert [p.name for p in tmp_path.iterdir()] == ["study.json"]
 
 
 def test_running_mean_uses_what_exists_at_the_start() -> None:

@@ -10,7 +10,6 @@ training trajectory (``trajectory``) and refuses a run whose settings changed, u
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fcntl
 import hashlib
 import logging
@@ -33,6 +32,7 @@ from tfx.checkpoints.load import (
 )
 from tfx.checkpoints.numbered import NUMBERED, numbered_checkpoints
 from tfx.checkpoints.transaction import SaveTransaction, recover
+from tfx.files.environment import is_disk_full  # ENOSPC anywhere in the chain (torch.save's 'unexpected pos')
 
 log = logging.getLogger("tfx.train")
 
@@ -156,16 +156,6 @@ class WritableRunDir(Callback):
             reason = err.__cause__.strerror if isinstance(err.__cause__, OSError) else err
             log.error("%s=%s: %s is not writable (%s): choose another folder", setting, folder, probe, reason)
             raise SystemExit(1) from None
-
-
-def is_disk_full(err: BaseException) -> bool:
-    """ENOSPC anywhere in the chain: torch.save reports it as an 'unexpected pos' RuntimeError."""
-    seen: BaseException | None = err
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 class CheckpointManager:

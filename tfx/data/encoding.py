@@ -24,6 +24,7 @@ from tfx.data.store import StoreWriter, TokenStore, token_dtype
 from tfx.data.stream import NotUtf8, TextSide, chunk_lines
 from tfx.data.vocab import EOS, Tokenizer, num_threads
 from tfx.data.word_cache import encode_by_word
+from tfx.files.environment import writing
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +46,20 @@ def encode_side(side: TextSide, tokenizer: Tokenizer, path: Path, workers: int =
     """Encode every line of ``side`` (ids + EOS) into a new store at ``path``."""
     workers, dtype = num_threads(workers), token_dtype(tokenizer.vocab_size)
     writer = StoreWriter(path, dtype)
-    try:
-        if workers > 1 and side.lines >= PARALLEL_MIN_LINES:
-            pieces = _encode_in_pool(side, tokenizer, workers, dtype)
-        else:
-            pieces = (flatten_with_eos(tokenizer.encode_batch(lines, workers), dtype) for lines in side.line_chunks())
-        for tokens, lengths in pieces:
-            writer.append(tokens, lengths)
-        store = writer.finish()
-    except BaseException:
-        writer.abandon()
-        raise
+    with writing(path):  # a full disk's error names the store: its writes go to an open file, which names none
+        try:
+            if workers > 1 and side.lines >= PARALLEL_MIN_LINES:
+                pieces = _encode_in_pool(side, tokenizer, workers, dtype)
+            else:
+                pieces = (
+                    flatten_with_eos(tokenizer.encode_batch(lines, workers), dtype) for lines in side.line_chunks()
+                )
+            for tokens, lengths in pieces:
+                writer.append(tokens, lengths)
+            store = writer.finish()
+        except BaseException:
+            writer.abandon()  # the partial file goes; the store at ``path``, if any, stays as it was
+            raise
     log.info("encoded %s: %d sentences, %d tokens -> %s", side.where, len(store), len(store.tokens), path)
     return store
 

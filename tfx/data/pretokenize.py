@@ -24,6 +24,9 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
+from tfx.files.atomic import atomic_open
+from tfx.files.environment import Remedy, environment_errors
+
 LANGS = ("de", "en")  # the Multi30k Task 1 languages staged here
 
 
@@ -61,7 +64,8 @@ def pretokenize_folder(src_dir: Path, out_dir: Path) -> list[Path]:
     for path in files:
         lines = path.read_text(encoding="utf-8").splitlines()
         target = out_dir / path.name
-        target.write_text("".join(f"{line}\n" for line in multi30k_tokenize(lines, path.suffix[1:])), encoding="utf-8")
+        with atomic_open(target, "w", encoding="utf-8") as f:  # a full disk leaves the file of a previous run whole
+            f.writelines(f"{line}\n" for line in multi30k_tokenize(lines, path.suffix[1:]))
         written.append(target)
     return written
 
@@ -71,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("src_dir", type=Path, help="raw Multi30k text files (train.de, valid.en, ...)")
     parser.add_argument("out_dir", type=Path, help="where the tokenized, lowercased files go (same names)")
     args = parser.parse_args(argv)
-    for path in pretokenize_folder(args.src_dir, args.out_dir):
-        print(path)
+    with environment_errors("tfx.data.pretokenize", Remedy({"out_dir": args.out_dir})):
+        for path in pretokenize_folder(args.src_dir, args.out_dir):
+            print(path)
     return 0
 
 

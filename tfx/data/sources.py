@@ -20,7 +20,7 @@ import numpy as np
 
 from tfx.config import DataConfig
 from tfx.data.errors import DataError
-from tfx.data.stream import DigestMemo, TextSide, column_side, file_side, list_side
+from tfx.data.stream import DigestMemo, TextSide, chunk_lines, column_side, file_side, list_side
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,8 @@ def find_text_file(folder: Path, prefix: str, lang: str) -> Path:
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 text file (``.gz`` decompressed), without line endings."""
+    """Lines of a UTF-8 text file (``.gz`` decompressed), without line endings (``chunk_lines``: the one rule for
+    files, chunks and standard input)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"missing file {path}: check data.local_dir and the file prefixes")
@@ -142,24 +143,7 @@ def read_lines(path: str | Path) -> list[str]:
             data = gzip.decompress(data)
         except (OSError, EOFError) as err:
             raise DataError(f"{path}: not a valid gzip file ({err}); re-create or gunzip it") from err
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise DataError(
-            f"{path}: invalid UTF-8 at line {line} (byte {err.start}): "
-            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from err
-    return split_lines(text)
-
-
-def split_lines(text: str) -> list[str]:
-    """Lines without endings. ``split("\\n")``, not ``splitlines()``: the latter also breaks at
-    U+2028, \\x1c, ... and would misalign source and target."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    return chunk_lines(data, str(path))
 
 
 def read_parallel_text(src_path: str | Path, tgt_path: str | Path) -> Texts:

@@ -69,13 +69,13 @@ class NotUtf8(DataError):
         self.where, self.line = where, line
 
     def __str__(self) -> str:
-        fix = "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        fix = "re-encode it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
         return f"{self.where}: invalid UTF-8 at line {self.line}: {fix}"
 
 
 def chunk_lines(chunk: Chunk, where: str = "") -> list[str]:
-    """The lines of a chunk, as ``tfx.data.sources.read_lines`` splits a whole file (``\\n`` only, ``\\r`` dropped);
-    ``NotUtf8`` for bytes that do not decode."""
+    """The lines of a chunk, a whole file (``tfx.data.sources.read_lines``) or standard input (``tfx.translate``):
+    ``\\n`` only, ``\\r`` dropped; ``NotUtf8``, naming ``where`` and the line, for bytes that do not decode."""
     if isinstance(chunk, list):
         return chunk
     try:
@@ -106,7 +106,9 @@ def file_blocks(path: Path) -> Iterator[bytes]:
                 rest = block[cut:]
                 if cut:
                     yield block[:cut]
-    except (OSError, EOFError) as err:  # gzip's BadGzipFile is an OSError
+    except (OSError, EOFError) as err:  # gzip's BadGzipFile is an OSError, without an errno
+        if isinstance(err, OSError) and err.errno is not None:
+            raise  # the machine's failure (the file vanished, a disk error): tfx.files.environment says so
         raise DataError(f"{path}: not a valid gzip file ({err}); re-create or gunzip it") from err
     if rest:
         yield rest

@@ -35,6 +35,7 @@ from tfx.evaluation.bleu import add_scoring_args
 from tfx.evaluation.run_splits import valid_scorer
 from tfx.evaluation.translate import add_decoding_args, check_decoding_args, run_reporting_errors
 from tfx.files.atomic import atomic_save
+from tfx.files.environment import Remedy
 
 
 def _mismatch(first: dict[str, Any], other: dict[str, Any]) -> str | None:
@@ -201,7 +202,9 @@ def average_and_save(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    return run_reporting_errors(lambda: average_and_save(args))
+    memory = "lower --best-window (it holds K checkpoints at once), or use a machine with more memory"
+    remedy = Remedy({"--output": args.output}, memory=memory)
+    return run_reporting_errors(lambda: average_and_save(args), "tfx.average", remedy)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from tfx.evaluation.translate import (
     write_text_atomic,
 )
 from tfx.files.atomic import atomic_save
+from tfx.files.environment import Remedy
 from tfx.runtime.distributed import resolve_device
 
 
@@ -143,7 +144,15 @@ def _score(args: argparse.Namespace, cfg: Any, ckpt_path: Path, split_name: str,
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    return run_reporting_errors(lambda: evaluate(args))
+    remedy = Remedy({"--output": written_folder(args)}, memory="lower --max-tokens or --beam")
+    return run_reporting_errors(lambda: evaluate(args), "tfx.evaluate", remedy)
+
+
+def written_folder(args: argparse.Namespace) -> Path:
+    """Where the files go: the folder of ``--output``, else the checkpoint's (hypotheses, an ``--avg`` checkpoint)."""
+    if args.output:
+        return args.output[0].parent
+    return args.target if args.target.is_dir() else args.target.parent
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
     python -m tfx.translate outputs/RUN/checkpoints/checkpoint_best.pt --input test.de --output test.hyp
     echo "Ein Hund läuft." | python -m tfx.translate checkpoint_best.pt --beam 5
 
-One sentence per line in, one detokenized translation per line out, in input order. Errors are
-one line on stderr and a non-zero exit status.
+One sentence per line in, one detokenized translation per line out, in input order; UTF-8 both ways,
+stdin and stdout included, whatever the locale. Errors are one line on stderr and a non-zero exit status.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ import torch
 
 from tfx.checkpoints.load import CheckpointError, build_from_checkpoint, load_checkpoint
 from tfx.data import DataError
-from tfx.data.sources import read_lines, split_lines
+from tfx.data.sources import read_lines
+from tfx.data.stream import chunk_lines
 from tfx.evaluation import decode
 from tfx.evaluation.decode import translate_sentences
 from tfx.files.atomic import atomic_open
+from tfx.files.environment import Remedy, environment_errors
 from tfx.runtime.distributed import DeviceError, resolve_device
 
 
@@ -40,9 +42,10 @@ def load_model(path: str | Path, device: torch.device):
 
 
 def read_text_lines(path: str | Path | None) -> list[str]:
-    """Lines of a UTF-8 file (``.gz`` too), or of stdin when ``path`` is None."""
+    """Lines of a UTF-8 file (``.gz`` too), or of stdin when ``path`` is None: its bytes, decoded by the rule files
+    follow, whatever the locale would have decoded them to."""
     if path is None:
-        return split_lines(sys.stdin.read())
+        return chunk_lines(sys.stdin.buffer.read(), "<stdin>")
     if not Path(path).is_file():
         raise FileNotFoundError(f"input file {path} does not exist")
     return read_lines(path)
@@ -55,10 +58,11 @@ def write_text_atomic(path: str | Path, lines: Sequence[str]) -> None:
 
 
 def write_lines(path: str | Path | None, lines: Sequence[str]) -> None:
-    """To ``path`` atomically, or to stdout when ``path`` is None."""
+    """To ``path`` atomically, or to stdout when ``path`` is None; UTF-8 either way, whatever the locale."""
     if path is None:
-        sys.stdout.writelines(line + "\n" for line in lines)
         sys.stdout.flush()
+        sys.stdout.buffer.write("".join(line + "\n" for line in lines).encode("utf-8"))
+        sys.stdout.buffer.flush()
     else:
         write_text_atomic(path, lines)
 
@@ -99,10 +103,13 @@ def translate_with_args(
 USER_ERRORS = (CheckpointError, DataError, DeviceError, OSError)  # bad input: one line on stderr, exit 1, no traceback
 
 
-def run_reporting_errors(action: Callable[[], object]) -> int:
-    """The command-line tools' exit status: 0, or 1 after printing a user error as one line."""
+def run_reporting_errors(action: Callable[[], object], program: str, remedy: Remedy) -> int:
+    """The command-line tools' exit status: 0, or 1 after printing a user error as one line. A failure of the
+    machine (full disk, no permission, out of memory) is one line too, with ``remedy``, and exits 1 from inside
+    (``tfx.files.environment``); OSErrors that are not (no errno: a message of tfx or a library) are user errors."""
     try:
-        action()
+        with environment_errors(program, remedy):
+            action()
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -143,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress = args.input is not None and not args.quiet
         write_lines(args.output, translate_with_args(model, tokenizer, sentences, args, device, progress))
 
-    return run_reporting_errors(translate)
+    remedy = Remedy({"--output": args.output}, memory="lower --max-tokens or --beam")
+    return run_reporting_errors(translate, "tfx.translate", remedy)
 
 
 if __name__ == "__main__":

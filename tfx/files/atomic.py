@@ -16,6 +16,8 @@ from typing import IO, Any
 
 import torch
 
+from tfx.files.environment import writing
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -28,21 +30,23 @@ def atomic_open(path: str | Path, mode: str = "wb", **kwargs: Any) -> Iterator[I
     """A temp file beside ``path``; on success fsynced and renamed over it, on any failure removed.
 
     A crash or SIGKILL mid-write leaves the previous good file untouched. The file gets the
-    usual umask permissions (``mkstemp`` alone makes it owner-only, unreadable to a team).
+    usual umask permissions (``mkstemp`` alone makes it owner-only, unreadable to a team). A full
+    disk's error names ``path``, not the temp file or nothing (``tfx.files.environment.writing``).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode, **kwargs) as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, mode, **kwargs) as f:
+                os.fchmod(f.fileno(), 0o666 & ~_umask())
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:

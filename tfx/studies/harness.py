@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tfx.config import CONF_DIR
+from tfx.files.atomic import atomic_open
+from tfx.files.environment import Remedy, environment_errors
 from tfx.studies.arms import searchpath_entries, write_arms
 
 CHECKOUT = CONF_DIR.parent  # the folder holding conf/ and tfx/: runs start there, as from a checkout
@@ -80,14 +82,17 @@ def open_study(path: Path, fresh: dict[str, Any], arms: list[str]) -> dict[str, 
 
 def train_or_replot(args: argparse.Namespace, train: Callable[[argparse.Namespace], int],
                     report: Callable[[Path], str]) -> int:  # fmt: skip
-    """A study's main: train (unless ``--replot``), then print the table written from ``<out>``."""
-    if not args.replot:
-        if code := train(args):
-            return code
-    elif not (args.out / "study.json").exists():
-        print(f"--replot: {args.out / 'study.json'} not found; run the study first", file=sys.stderr)
-        return 2
-    print(report(args.out))
+    """A study's main: train (unless ``--replot``), then print the table written from ``<out>``; a failure of the
+    machine (full disk, no permission, out of memory) is one line and exit 1 (``tfx.files.environment``)."""
+    remedy = Remedy({"--out": args.out}, memory="lower --jobs (runs and decodes at once)")
+    with environment_errors(Path(sys.argv[0]).name, remedy):
+        if not args.replot:
+            if code := train(args):
+                return code
+        elif not (args.out / "study.json").exists():
+            print(f"--replot: {args.out / 'study.json'} not found; run the study first", file=sys.stderr)
+            return 2
+        print(report(args.out))
     return 0
 
 
@@ -100,7 +105,7 @@ def missing_files(data_dir: Path, names: list[str], langs: tuple[str, ...] = ("d
 def run_recorded(path: Path, study: dict[str, Any], work: Callable[[], tuple[int, int]]) -> int:
     """``work()`` -> (exit code of the runs, failed decodes), its wall time added to ``study.json`` at ``path``
     even when interrupted; a stopped study says how to go on (the same command resumes it)."""
-    path.write_text(json.dumps(study, indent=1))
+    save_study(path, study)
     tic = time.perf_counter()
     previous = signal.signal(signal.SIGTERM, _interrupted)  # a study stopped by SIGTERM records its time too
     try:
@@ -110,11 +115,17 @@ def run_recorded(path: Path, study: dict[str, Any], work: Callable[[], tuple[int
     finally:
         signal.signal(signal.SIGTERM, previous)
     study["wall_seconds"] += time.perf_counter() - tic
-    path.write_text(json.dumps(study, indent=1))
+    save_study(path, study)
     if code or failed:
         print(f"stopped (exit {code}, {failed} decodes failed); re-run the same command to finish", file=sys.stderr)
         return code or 1
     return 0
+
+
+def save_study(path: Path, study: dict[str, Any]) -> None:
+    """``study.json``, whole or as it was: a full disk must not cut the record of a long study short."""
+    with atomic_open(path, "w") as f:
+        f.write(json.dumps(study, indent=1))
 
 
 def _interrupted(signum: int, frame: Any) -> None:
