@@ -111,3 +111,19 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                                       f"data.cache_dir={tmp_path / 'cache'}", "train.progress=false"])  # fmt: skip
     with pytest.raises(KeyError, match="a bug"):
         train_mod.main()
+
+
+def test_sigint_during_data_preparation_is_one_line_and_exit_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Ctrl-C before the loop takes the stop signals over (here: while the token store is written) ended in a
+    KeyboardInterrupt traceback; the cache keeps no half-written entry (atomic writes)."""
+
+    def interrupted(self: store.StoreWriter, data: bytes) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store.StoreWriter, "_write", interrupted)
+    code, output = run_cli(tmp_path, monkeypatch, capsys)
+    assert code == 130 and "Traceback" not in output, output
+    assert "tfx.train: interrupted by SIGINT before the first update: nothing to save" in output
+    assert not list((tmp_path / "cache").glob("enc-*"))

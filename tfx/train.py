@@ -112,7 +112,11 @@ def main() -> None:
     import hydra
 
     refuse_unknown_overrides(sys.argv[1:])
-    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_main)()
+    try:
+        hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_main)()
+    except KeyboardInterrupt:  # SIGINT before the loop took the stop signals over (from then on it saves, exits 0)
+        print("tfx.train: interrupted by SIGINT before the first update: nothing to save", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
