@@ -30,12 +30,13 @@ import torch
 from tfx.checkpoints.load import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
+VALIDATE_EVERY = 15
 SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-RUN = [  # toy task, 2+2 layers d 32: about 40 updates an epoch; validation every 15 updates, a save every 10
+RUN = [  # toy task, 2+2 layers d 32: 19 updates an epoch; validation every 15 updates, a save every 10
     "model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=32", "model.ffn_dim=64",
     "data.toy_train_size=600", "data.toy_valid_size=64", "train.valid_max_sentences=0", "train.progress=false",
     "train.threads=1", "data.max_tokens=256", "train.precision=fp32", "train.max_updates=600",
-    "train.validate_every_updates=15", "train.save_every_updates=10", "train.save_every_epochs=0",
+    f"train.validate_every_updates={VALIDATE_EVERY}", "train.save_every_updates=10", "train.save_every_epochs=0",
     "train.keep_last=4", "train.log_every_updates=5",
 ]  # fmt: skip
 
@@ -81,8 +82,11 @@ def interrupt_once(cmd: list[str], run_dir: Path, rng: random.Random) -> dict:
     if proc.returncode not in (0, -sig, 130 if sig == signal.SIGINT else 0):
         sys.exit(f"error: the run exited {proc.returncode} after {sig.name}:\n{err[-2000:]}")
     last = run_dir / "checkpoints" / "checkpoint_last.pt"
-    saved = load_checkpoint(last)["step"] if last.exists() else 0
-    return {"signal": sig.name, "from": start, "saved": saved, "ended_first": ended_before, "rc": proc.returncode}
+    saved = load_checkpoint(last) if last.exists() else {"step": 0, "train_state": {"validated_step": 0}}
+    step, validated = saved["step"], saved["train_state"]["validated_step"]
+    in_validation = sig != signal.SIGKILL and step % VALIDATE_EVERY == 0 and validated < step  # saved unvalidated
+    return {"signal": sig.name, "from": start, "saved": step, "in_validation": in_validation,
+            "ended_first": ended_before, "rc": proc.returncode}  # fmt: skip
 
 
 def final_state(run_dir: Path) -> dict:
@@ -131,15 +135,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"uninterrupted: {time.perf_counter() - tic:.0f} s", flush=True)
     cmd = command(run, cache, args.max_updates)
     counts: dict[str, int] = {}
+    inside = 0
     for i in range(args.interruptions):
         kill = interrupt_once(cmd, run, rng)
         counts[kill["signal"]] = counts.get(kill["signal"], 0) + 1
-        print(f"interruption {i + 1}: {kill['signal']} (resumed at update {kill['from']}, checkpoint_last.pt at "
-              f"{kill['saved']}{', the run had ended' if kill['ended_first'] else ''})", flush=True)  # fmt: skip
+        inside += kill["in_validation"]
+        where = ", inside a validation" if kill["in_validation"] else ""
+        ended = ", the run had ended" if kill["ended_first"] else ""
+        print(f"interruption {i + 1}: {kill['signal']} (logged to update {kill['from']} at launch; checkpoint_last.pt "
+              f"at {kill['saved']}{where}{ended})", flush=True)  # fmt: skip
     subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
     diffs = differences(comparable(final_state(run)), comparable(final_state(reference)))
     mix = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
-    print(f"{args.interruptions} interruptions ({mix}), {time.perf_counter() - tic:.0f} s in all")
+    print(f"{args.interruptions} interruptions ({mix}; {inside} inside a validation), "
+          f"{time.perf_counter() - tic:.0f} s in all")  # fmt: skip
     if diffs:
         print(f"DIFFERENT from the uninterrupted run at: {', '.join(diffs[:20])}")
         return 1
