@@ -204,7 +204,10 @@ class TrainConfig:
     save_every_epochs: int = 1  # numbered checkpoint every N epochs; 0 = off
     keep_last: int = 10  # numbered checkpoints to keep
     max_bad_steps: int = 10  # consecutive non-finite steps before stopping
-    resume: str | None = None  # checkpoint to resume from; default: <run>/checkpoints/checkpoint_last.pt
+    # auto: the run folder's checkpoint_last.pt, or (a command-line run in a new time-stamped folder) the newest
+    # unfinished run of the same settings beside it (tfx/checkpoints/unfinished.py) | never: a new run, refused
+    # where the folder already holds one | a checkpoint's path
+    resume: str = "auto"
     # strict: refuse a checkpoint whose settings differ | force: resume, log the changes | weights: the weights
     # and update count only, from any checkpoint of the run (a damaged checkpoint_last.pt's way on)
     resume_mode: str = "strict"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,10 @@ from tfx.checkpoints.train_state import TrainingDiverged
 from tfx.config import CONF_DIR, Config, register_configs, to_config, unknown_key
 from tfx.data import DataError
 from tfx.files.environment import Remedy, environment_errors
-from tfx.runtime.distributed import DeviceError
+from tfx.runtime.distributed import DeviceError, launch_info
 from tfx.runtime.precision import PrecisionError
 from tfx.runtime.sharding import ShardingError
+from tfx.training.launch import Launch, command_line, discard_failed_start, resume_unfinished
 from tfx.training.schedule import Action, Every
 from tfx.training.trainer import StopSignal, Trainer, UpdateHook, train
 
@@ -37,24 +39,37 @@ log = logging.getLogger("tfx.train")
 register_configs()
 
 
-def _run_context() -> tuple[Path, bool]:
-    """This job's run folder, and whether it is one point of a multirun sweep."""
+def _run_context() -> tuple[Path, bool, bool]:
+    """This job's run folder, whether it is one point of a multirun sweep, and whether Hydra named it by the time
+    (no ``hydra.run.dir`` given): only such a folder is new to this command, to be swapped or removed."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
-    return Path(hydra_cfg.runtime.output_dir), hydra_cfg.mode == RunMode.MULTIRUN
+    sweeping = hydra_cfg.mode == RunMode.MULTIRUN
+    named_by_time = not sweeping and not any(o.startswith("hydra.run.dir=") for o in hydra_cfg.overrides.hydra)
+    return Path(hydra_cfg.runtime.output_dir), sweeping, named_by_time
 
 
 def _main(cfg_node: Any) -> float:
+    run_dir, sweeping, new_folder = _run_context()
+    new_folder = new_folder and launch_info(os.environ)[0].is_main  # rank 0 decides the folder (Trainer)
     try:
-        cfg: Config = to_config(cfg_node)
-    except ValueError as e:
-        log.error("config error: %s", e)
-        sys.exit(2)
-    run_dir, sweeping = _run_context()
-    with environment_errors("tfx.train", _remedy(cfg, run_dir), report=_log_line):
-        return _train_reporting_errors(cfg, run_dir, sweeping)
+        try:
+            cfg: Config = to_config(cfg_node)
+        except ValueError as e:
+            log.error("config error: %s", e)
+            sys.exit(2)
+        launch = Launch(None if sweeping else command_line(sys.argv[1:]))
+        if new_folder:
+            run_dir, launch, resumed = resume_unfinished(run_dir, cfg, sys.argv[1:])
+            new_folder = not resumed
+        with environment_errors("tfx.train", _remedy(cfg, run_dir), report=_log_line):
+            return _train_reporting_errors(cfg, run_dir, sweeping, launch)
+    except BaseException:
+        if new_folder:  # a start that failed before its first update leaves no folder
+            discard_failed_start(run_dir)
+        raise
 
 
 def _remedy(cfg: Config, run_dir: Path) -> Remedy:
@@ -76,10 +91,10 @@ def _log_line(line: str) -> None:
         logging.raiseExceptions = raise_exceptions
 
 
-def _train_reporting_errors(cfg: Config, run_dir: Path, sweeping: bool) -> float:
+def _train_reporting_errors(cfg: Config, run_dir: Path, sweeping: bool, launch: Launch) -> float:
     """``train``, its user errors as one line and exit 1 (a diverged sweep point as nan); the best BLEU."""
     try:
-        summary = train(cfg, run_dir)
+        summary = train(cfg, run_dir, launch=launch)
     except TrainingDiverged as e:
         log.error("%s", e)
         if sweeping:  # a finding, not a failure: SystemExit in a launcher's worker would abort every other point

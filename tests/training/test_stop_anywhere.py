@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 import tfx.evaluation.decode as decode
 import tfx.evaluation.validate as validate
 from tests.test_train import REPO, TINY_OVERRIDES, free_port, join_two_ranks, tiny_cfg
-from tfx.checkpoints.load import load_checkpoint
+from tfx.checkpoints.load import CheckpointError, load_checkpoint
 from tfx.config import Config
 from tfx.runtime import stop
 from tfx.train import train
@@ -218,3 +218,11 @@ def test_sigterm_during_data_preparation_ends_the_process_at_once_and_the_same_c
     assert relaunch.returncode == 0, relaunch.stderr[-2000:]
     assert "does not load" not in relaunch.stdout + relaunch.stderr  # no entry was left damaged to rebuild
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_last.pt")["step"] == 1
+
+
+def test_resume_never_refuses_a_folder_that_already_holds_a_run(tmp_path: Path) -> None:
+    """train.resume=never would start at update 0 over the folder's checkpoints: refused in one line instead."""
+    train(run_cfg(tmp_path, max_updates=2), tmp_path / "run")
+    with pytest.raises(CheckpointError, match="train.resume=never, but .* already holds a run"):
+        train(run_cfg(tmp_path, max_updates=4, resume="never"), tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_last.pt")["step"] == 2

@@ -171,13 +171,14 @@ class CheckpointManager:
         self._lock_fd: int | None = None
 
     # ---------------------------------------------------------------------- start and end
-    def open(self) -> None:
-        """Check the folders are writable, take the lock, remove temp files of killed saves."""
+    def open(self, held_lock: int | None = None) -> None:
+        """Check the folders are writable, take the lock (or adopt ``held_lock``, the fd of ``checkpoints/.lock``
+        already locked: ``tfx.checkpoints.unfinished``), remove temp files of killed saves."""
         if not self.is_main:
             return
         check_writable(self.run_dir, "run folder")
         check_writable(self.dir, "checkpoint folder")
-        self._lock()
+        self._lock(held_lock)
         self._remove_stale_temp_files()
 
     def close(self) -> None:
@@ -185,10 +186,10 @@ class CheckpointManager:
             os.close(self._lock_fd)  # closing releases the flock
             self._lock_fd = None
 
-    def _lock(self) -> None:
-        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    def _lock(self, held: int | None = None) -> None:
+        fd = held if held is not None else os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a no-op on a lock this fd holds
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
@@ -210,9 +211,19 @@ class CheckpointManager:
             log.info("removed %s (%.1f MB), left by an interrupted save", tmp, size / 2**20)
 
     # ----------------------------------------------------------------------------- resume
-    def resume_path(self, explicit: str | None) -> Path | None:
-        """``train.resume`` if given (it must exist), else the run's checkpoint_last.pt if present."""
-        path = Path(explicit) if explicit else self.dir / LAST
+    def resume_path(self, setting: str | None) -> Path | None:
+        """``train.resume``: a checkpoint's path (it must exist); ``auto`` the run's checkpoint_last.pt if present;
+        ``never`` nothing, and a folder that already holds a run is refused (its checkpoints would be overwritten)."""
+        last = self.dir / LAST
+        if setting == "never":
+            if last.exists():
+                raise CheckpointError(
+                    f"train.resume=never, but {self.run_dir} already holds a run ({last}): choose another "
+                    "hydra.run.dir, or leave train.resume=auto to go on with it"
+                )
+            return None
+        explicit = setting not in (None, "auto")
+        path = Path(setting) if explicit else last
         if path.exists():
             return path
         if explicit:

@@ -31,6 +31,7 @@ from tfx.runtime import compilation, distributed
 from tfx.runtime.stop import StopRequested, StopSignal
 from tfx.training import build
 from tfx.training.checkpointing import Checkpointer
+from tfx.training.launch import Launch
 from tfx.training.pending import PendingUpdates
 from tfx.training.prefetch import Prefetcher
 from tfx.training.resume import resume_state
@@ -40,7 +41,7 @@ from tfx.training.validation import Validator
 
 UpdateHook = Callable[["Trainer", dict[str, float]], None]
 
-__all__ = ["StopSignal", "Trainer", "UpdateHook", "train"]
+__all__ = ["Launch", "StopSignal", "Trainer", "UpdateHook", "train"]
 
 
 class Trainer:
@@ -53,8 +54,9 @@ class Trainer:
     """
 
     def __init__(
-        self, cfg: Config, run_dir: Path, on_update: UpdateHook | None = None, actions: Sequence[PeriodicAction] = ()
-    ) -> None:
+        self, cfg: Config, run_dir: Path, on_update: UpdateHook | None = None, actions: Sequence[PeriodicAction] = (),
+        launch: Launch | None = None,
+    ) -> None:  # fmt: skip
         self.cfg = cfg
         self.on_update = on_update  # called after every update (studies measure things here)
         self.dist, self.device = distributed.setup(cfg.train.device)  # a missing device fails here
@@ -62,7 +64,8 @@ class Trainer:
             logging.getLogger("tfx").setLevel(logging.WARNING)  # rank 0 alone reports progress
         self.run_dir = Path(distributed.broadcast_object(str(run_dir)))
         self.ckpts = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dist.rank)
-        self.ckpts.open()  # writable, locked and clean before any data preparation
+        self.launch = launch or Launch()  # a run of the command line's, or of a script's (None)
+        self.ckpts.open(self.launch.held_lock)  # writable, locked and clean before any data preparation
         try:
             self._build(actions)
         except BaseException:
@@ -244,7 +247,8 @@ class Trainer:
             stop.request(request.signal_name)
         self.save(best=improved, numbered_epoch=self.checkpointer.final_numbered_epoch())
         if stop.received is not None:
-            self.report.stopped(stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt")
+            self.report.stopped(stop.received, self.state.step, self.ckpts.dir / "checkpoint_last.pt",
+                                self.launch.command)  # fmt: skip
         status = self.state.end_status(self.cfg.train) if stop.received is None else f"stopped by {stop.received}"
         self.report.end(self.state.step, status, self.state.train_seconds)
         self.report.final(self.cfg)
@@ -268,12 +272,13 @@ class Trainer:
 
 
 def train(
-    cfg: Config, run_dir: Path, on_update: UpdateHook | None = None, actions: Sequence[PeriodicAction] = ()
-) -> dict[str, Any]:
+    cfg: Config, run_dir: Path, on_update: UpdateHook | None = None, actions: Sequence[PeriodicAction] = (),
+    launch: Launch | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Train one run into ``run_dir`` (resuming from its checkpoint_last.pt if present)."""
     trainer = None
     try:
-        trainer = Trainer(cfg, run_dir, on_update, actions)
+        trainer = Trainer(cfg, run_dir, on_update, actions, launch)
         return trainer.run()
     finally:
         if trainer is not None:
