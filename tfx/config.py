@@ -151,7 +151,8 @@ class OptimConfig:
     eps: float = 1e-8  # Adam epsilon
     weight_decay: float = 1e-4  # decoupled weight decay: p -= lr * weight_decay * p
     warmup_updates: int = 0  # linear warmup length; 0 = T-Fixup's no-warmup schedule (conf/method/ sets it)
-    # the warmup_updates of a method that warms up (postln, deepnorm, admin) at this budget; 0 where a study chose none
+    # the warmup_updates of a method that warms up (postln, deepnorm, admin, dyt, fixup) at this budget; 0 where a study
+    # chose none
     budget_warmup: int = 4000
     warmup_init_lr: float = 1e-7  # lr at update 0 when warming up
     decay_offset: int = 4000  # no-warmup inverse-sqrt: lr * sqrt(offset / (offset + t))
