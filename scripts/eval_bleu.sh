@@ -5,7 +5,9 @@
 #                        [--src FILE --ref FILE] [--data-dir DIR] [--tok-bleu] [--device auto]
 #
 # RUN_DIR uses checkpoints/checkpoint_best.pt, or with --avg N the average of the last N numbered
-# checkpoints (written to checkpoints/checkpoint_avgN.pt). --tok-bleu adds the tokenized, lowercased
+# checkpoints (written to checkpoints/checkpoint_avgN.pt): tfx.evaluate's rule, the same as tfx.average --last N
+# (docs/evaluation.md, "Averaging": fewer on a short run, a final checkpoint's near duplicate left out, a single
+# one evaluated under its own name). --tok-bleu adds the tokenized, lowercased
 # BLEU that IWSLT'14 papers report (labelled as such; never compare it with sacreBLEU).
 # All options: python -m tfx.evaluate --help. Paths are taken relative to the current directory.
 set -euo pipefail

@@ -153,3 +153,15 @@ def test_the_checks_find_broken_links_and_missing_names(tmp_path: Path) -> None:
 def test_a_link_inside_a_code_block_is_not_a_link(tmp_path: Path) -> None:
     page = write_repo(tmp_path, "```\nsee [x](nowhere.md)\n```\n")
     assert link_problems(page) == []
+
+
+def test_the_knob_lists_name_every_residual_kind_and_init_scheme() -> None:
+    """docs/training.md's `model.norm` (`a|b|...`) and `init.name` (`...`) lists are the registries' keys (issue 67:
+    the norm list stopped at admin, and fixup was missing from both)."""
+    from tfx.init import SCHEMES
+    from tfx.model.residual import RESIDUALS
+
+    text = " ".join((REPO / "docs" / "training.md").read_text().split())
+    lists = re.findall(r"`(model\.norm|init\.name)` \(`([\w|]+)`\)", text)
+    listed = {key: set(names.split("|")) for key, names in lists}
+    assert listed == {"model.norm": set(RESIDUALS), "init.name": set(SCHEMES)}

@@ -5,6 +5,7 @@ initializes and goes through the converged study's plan without a line of tfx, c
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +14,11 @@ from types import ModuleType
 import pytest
 import torch
 
+from tests.checkpoint_helpers import write_checkpoint
 from tests.conftest import load_script, random_batch, tiny_model
+from tfx.checkpoints.load import CheckpointError
 from tfx.config import compose_config
+from tfx.evaluation.translate import load_model
 from tfx.init import SCHEMES, apply_init
 from tfx.model import build_model
 from tfx.model.residual import RESIDUALS
@@ -102,3 +106,20 @@ def test_a_plugin_method_is_an_arm_of_the_converged_study(plugin: Path, capsys: 
 def test_a_plugin_that_is_not_importable_is_named(plugin: Path) -> None:
     with pytest.raises(ValueError, match="plugins: cannot import 'no_such_module'"):
         compose_config([f"hydra.searchpath=[file://{plugin}]", "method=throwaway", "plugins=[no_such_module]"])
+
+
+def test_a_plugin_checkpoint_without_its_module_points_at_the_python_path(
+    plugin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 67: a checkpoint of a plugin method, loaded where the plugin does not import, is refused in one line that
+    asks for the module's folder on PYTHONPATH and does not doubt that tfx.train wrote the checkpoint."""
+    cfg = compose_config([f"hydra.searchpath=[file://{plugin}]", "method=throwaway"])
+    ckpt = write_checkpoint(tmp_path / "plugin.pt", config=dataclasses.asdict(cfg))
+    assert load_model(ckpt, torch.device("cpu"))[2]["plugins"] == ["throwaway_method"]  # with the module: fine
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(plugin.parent)])
+    sys.modules.pop("throwaway_method", None)
+    with pytest.raises(CheckpointError) as info:
+        load_model(ckpt, torch.device("cpu"))
+    message = str(info.value)
+    assert message.startswith(f"checkpoint {ckpt}: its model needs a plugin that does not import here: plugins: ")
+    assert message.endswith("is its folder on PYTHONPATH?") and "written by tfx.train" not in message

@@ -65,7 +65,7 @@ from typing import Any
 
 import _require_tfx  # noqa: F401  (a one-line error, not a traceback, without `pip install -e .`)
 
-from tfx.checkpoints.numbered import numbered_checkpoints
+from tfx.checkpoints.numbered import window_checkpoints
 from tfx.reporting.metrics_log import FILENAME
 from tfx.studies.arms import ARMS, DEFAULT_ARMS, add_conf_dirs, conf_dirs, write_arm, write_arms
 from tfx.studies.converged_report import write_report
@@ -252,7 +252,7 @@ def average_command(run: Path) -> list[str] | None:
     study copied without its checkpoints, ``results/README.md``, has the scores and nothing to average)."""
     if (run / KINDS["avg"]).exists() or all(score_path(run, "avg", test).exists() for test in TEST_SETS):
         return None
-    window = min(WINDOW, len(numbered_checkpoints(run / "checkpoints")))  # a short run has fewer
+    window = min(WINDOW, len(window_checkpoints(run / "checkpoints")))  # a short run has fewer (tfx.average's rule)
     return [sys.executable, "-m", "tfx.average", "--run-dir", str(run), "--best-window", str(max(window, 1)),
             "--quiet", "--output", str(run / KINDS["avg"])]  # fmt: skip
 

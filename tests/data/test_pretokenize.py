@@ -78,6 +78,16 @@ def test_a_folder_it_may_not_write_is_one_line_and_keeps_earlier_files(
     assert (out / "train.de").read_text(encoding="utf-8") == "ein hund läuft .\n"
 
 
+def test_usage_names_the_command_a_user_types(capsys: pytest.CaptureFixture) -> None:
+    """Issue 67: `usage: python -m tfx.data.pretokenize`, not `usage: pretokenize.py`, in --help and in an error."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m tfx.data.pretokenize [-h] src_dir out_dir")
+    with pytest.raises(SystemExit):
+        main([])
+    assert capsys.readouterr().err.startswith("usage: python -m tfx.data.pretokenize ")
+
+
 def test_an_empty_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no \\*.de or \\*.en"):
         pretokenize_folder(tmp_path, tmp_path / "out")

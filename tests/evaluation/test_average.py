@@ -68,26 +68,26 @@ def test_refuses_different_models(difference: str, tmp_path: Path, capsys: pytes
 
 
 def make_run(tmp_path: Path) -> Path:
-    """A run folder whose numbered checkpoints sort differently by name and by step."""
+    """A run folder whose numbered checkpoints sort differently by name and by step (epochs of 100 updates)."""
     ckpts = tmp_path / "run" / "checkpoints"
-    for i, (epoch, step) in enumerate([(2, 900), (10, 1800), (9, 1700), (1, 450)]):
+    for i, (epoch, step) in enumerate([(2, 200), (10, 1000), (9, 900), (1, 100)]):
         write_checkpoint(ckpts / f"checkpoint_{epoch}_{step}.pt", seed=i, step=step)
-    write_checkpoint(ckpts / "checkpoint_last.pt", seed=1, step=1800)
-    write_checkpoint(ckpts / "checkpoint_best.pt", seed=2, step=1700)
+    write_checkpoint(ckpts / "checkpoint_last.pt", seed=1, step=1000)
+    write_checkpoint(ckpts / "checkpoint_best.pt", seed=2, step=900)
     return tmp_path / "run"
 
 
 def test_last_n_means_highest_steps(tmp_path: Path) -> None:
     run = make_run(tmp_path)
-    assert [p.name for p in last_checkpoints(run, 2)] == ["checkpoint_9_1700.pt", "checkpoint_10_1800.pt"]
-    assert [p.name for p in last_checkpoints(run / "checkpoints", 1)] == ["checkpoint_10_1800.pt"]
+    assert [p.name for p in last_checkpoints(run, 2)] == ["checkpoint_9_900.pt", "checkpoint_10_1000.pt"]
+    assert [p.name for p in last_checkpoints(run / "checkpoints", 1)] == ["checkpoint_10_1000.pt"]
     assert len(last_checkpoints(run, 5)) == 4  # fewer than asked: all there are (tests/evaluation/test_average_cli.py)
     out = tmp_path / "avg.pt"
     assert average.main(["--run-dir", str(run), "--last", "3", "--output", str(out)]) == 0
     assert [Path(p).name for p in load_checkpoint(out)["averaged_from"]] == [
-        "checkpoint_2_900.pt",
-        "checkpoint_9_1700.pt",
-        "checkpoint_10_1800.pt",
+        "checkpoint_2_200.pt",
+        "checkpoint_9_900.pt",
+        "checkpoint_10_1000.pt",
     ]
 
 
@@ -124,7 +124,7 @@ def test_best_window_picks_the_highest_scoring_average(tmp_path: Path, monkeypat
     best, results = best_window(paths, 3, lambda c: 1.0, candidates=2)
     assert [w for w, _ in results] == [paths[2:5], paths[3:6]]
     assert [Path(p) for p in best["averaged_from"]] == paths[2:5]
-    with pytest.raises(CheckpointError, match="6 numbered checkpoint"):
+    with pytest.raises(CheckpointError, match="6 checkpoints to average"):
         best_window(paths, 7, score)
 
 
@@ -143,4 +143,4 @@ def test_best_window_cli_decodes_the_valid_split(tmp_path: Path, capsys: pytest.
     saved = load_checkpoint(out)
     assert len(saved["window_scores"]) == 2 and len(saved["averaged_from"]) == 2
     assert average.main(["--run-dir", str(tmp_path / "run"), "--best-window", "4", "--output", str(out)]) == 1
-    assert capsys.readouterr().err.startswith("error: 3 numbered checkpoint(s)")
+    assert capsys.readouterr().err.startswith("error: 3 checkpoints to average: cannot choose a window of 4")

@@ -147,7 +147,7 @@ def test_too_few_checkpoints_for_the_window_fail_before_any_read(
     monkeypatch.setattr(average, "load_checkpoint", lambda p: reads.append(str(p)))
     argv = ["--run-dir", str(tmp_path / "run"), "--best-window", "4", "--output", str(tmp_path / "o.pt")]
     assert average.main(argv) == 1
-    assert capsys.readouterr().err == "error: 3 numbered checkpoint(s): cannot choose a window of 4\n"
+    assert capsys.readouterr().err == "error: 3 checkpoints to average: cannot choose a window of 4\n"
     assert reads == []
 
 
@@ -167,7 +167,8 @@ def test_refusals_word_for_word(tmp_path: Path) -> None:
         "evaluate checkpoint_best.pt (leave out --avg)"
     )
     assert message(windows, paths, 0) == "--best-window 0: need at least 1 checkpoint"
-    assert message(windows, paths, 3) == "2 numbered checkpoint(s): cannot choose a window of 3"
+    assert message(windows, paths, 3) == "2 checkpoints to average: cannot choose a window of 3"
+    assert message(windows, paths[:1], 2) == "1 checkpoint to average: cannot choose a window of 2"
     assert message(average_checkpoints, []) == "no checkpoints to average"
 
 
@@ -176,7 +177,7 @@ def test_fewer_than_asked_averages_those_there_are_and_says_so(tmp_path: Path, c
     paths = run_of(tmp_path, 2)
     folder = tmp_path / "run" / "checkpoints"
     assert last_checkpoints(tmp_path / "run", 3) == paths
-    assert capsys.readouterr().err == f"{folder} has 2 numbered checkpoint(s), not 3: averaging those 2\n"
+    assert capsys.readouterr().err == f"{folder} has 2 checkpoints to average, not 3: averaging those 2\n"
     assert last_checkpoints(tmp_path / "run", 2) == paths and capsys.readouterr().err == ""
 
 
@@ -231,3 +232,37 @@ def test_a_full_disk_writing_the_average_is_one_line_and_keeps_the_old_file(
         f"tfx.average: no space left on device writing {out}: free space there, or point --output at another disk\n"
     )
     assert out.read_bytes() == b"an earlier average" and sorted(p.name for p in tmp_path.iterdir()) == ["avg.pt", "run"]
+
+
+def test_last_and_best_window_share_evaluate_s_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The toy run's folder (issue 67): checkpoint_9_1200.pt, 16 updates after checkpoint_8_1184.pt, stands in for it
+    in --last and in --best-window as in tfx.evaluate --avg, so no window holds nearly the same weights twice."""
+    ckpts = tmp_path / "run" / "checkpoints"
+    steps = [(5, 740), (6, 888), (7, 1036), (8, 1184), (9, 1200)]
+    paths = [write_checkpoint(ckpts / f"checkpoint_{e}_{s}.pt", seed=e, step=s) for e, s in steps]
+    window = [paths[i] for i in (0, 1, 2, 4)]
+    out = tmp_path / "avg.pt"
+    assert average.main(["--run-dir", str(tmp_path / "run"), "--last", "5", "--output", str(out)]) == 0
+    assert load_checkpoint(out)["averaged_from"] == [str(p) for p in window]
+    captured = capsys.readouterr()
+    assert "leaving out checkpoint_8_1184.pt" in captured.err and "has 4 checkpoints to average, not 5" in captured.err
+    spy_scorer(monkeypatch, [])
+    argv = ["--run-dir", str(tmp_path / "run"), "--best-window", "4", "--quiet", "--output", str(out)]
+    assert average.main(argv) == 0
+    assert load_checkpoint(out)["averaged_from"] == [str(p) for p in window]
+    assert average.main([*argv[:3], "5", *argv[4:]]) == 1
+    assert capsys.readouterr().err.endswith("error: 4 checkpoints to average: cannot choose a window of 5\n")
+
+
+def test_a_window_of_one_is_written_as_it_is_and_said_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--last 5 on a run with one numbered checkpoint: its weights, in the singular, and nothing called an average."""
+    (path,) = run_of(tmp_path, 1)
+    out = tmp_path / "avg.pt"
+    assert average.main(["--run-dir", str(tmp_path / "run"), "--last", "5", "--output", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"wrote the weights of {path.name} (nothing to average it with) -> {out}\n"
+    assert captured.err == f"{path.parent} has 1 checkpoint to average, not 5: using {path.name} as it is\n"
+    saved, original = load_checkpoint(out), load_checkpoint(path)
+    assert all(torch.equal(v, original["model"][k]) for k, v in saved["model"].items())

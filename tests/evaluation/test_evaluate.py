@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.checkpoint_helpers import REPO, synthetic_text, tiny_config, write_checkpoint
 from tests.evaluation.test_average import make_run
@@ -102,6 +103,32 @@ def test_run_dir_with_average_on_the_toy_split(tmp_path: Path, capsys: pytest.Ca
     assert SIGNATURE in out and "tokenized BLEU" in out and "case:lc" in out
     assert "split: test (5 sentences" in out
     assert (ckpts / "checkpoint_avg2.pt").is_file() and (ckpts / "checkpoint_avg2.test.hyp").is_file()
+
+
+def test_avg_of_one_checkpoint_evaluates_it_under_its_own_name(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Issue 67: --avg 5 on a run stopped 12 updates into its second epoch. Its final checkpoint stands in for epoch
+    1's (nearly the same weights), and one checkpoint is evaluated as itself: no checkpoint_avg1.pt, no "(s)"."""
+    ckpts = tmp_path / "run" / "checkpoints"
+    write_checkpoint(ckpts / "checkpoint_1_148.pt", step=148)
+    final = write_checkpoint(ckpts / "checkpoint_2_160.pt", seed=1, step=160)
+    assert evaluate.resolve_checkpoint(tmp_path / "run", 5) == final
+    assert evaluate.resolve_checkpoint(tmp_path / "run", 1) == final
+    assert not list(ckpts.glob("checkpoint_avg*"))
+    err = capsys.readouterr().err
+    assert f"has 1 checkpoint to average, not 5: using {final.name} as it is" in err and "(s)" not in err
+
+
+def test_avg_leaves_out_a_final_checkpoint_s_near_duplicate(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The toy run's last epochs (148 updates each) and its final checkpoint 16 updates into epoch 9: --avg 3 averages
+    epochs 6 and 7 with the final state, not with epoch 8's nearly equal weights."""
+    ckpts = tmp_path / "run" / "checkpoints"
+    for epoch, step in [(6, 888), (7, 1036), (8, 1184), (9, 1200)]:
+        write_checkpoint(ckpts / f"checkpoint_{epoch}_{step}.pt", seed=epoch, step=step)
+    out = evaluate.resolve_checkpoint(tmp_path / "run", 3)
+    assert out == ckpts / "checkpoint_avg3.pt"
+    averaged = [Path(p).name for p in torch.load(out, weights_only=True)["averaged_from"]]
+    assert averaged == ["checkpoint_6_888.pt", "checkpoint_7_1036.pt", "checkpoint_9_1200.pt"]
+    assert "leaving out checkpoint_8_1184.pt" in capsys.readouterr().err
 
 
 def test_local_split_relative_to_cwd_and_data_dir_override(

@@ -13,7 +13,7 @@ import pytest
 
 from tests.checkpoint_helpers import REPO, write_checkpoint
 from tfx.checkpoints.load import build_from_checkpoint, load_checkpoint
-from tfx.evaluation import translate
+from tfx.evaluation import decode, translate
 from tfx.evaluation.decode import translate_sentences
 from tfx.files import atomic
 from tfx.files.atomic import atomic_save
@@ -185,3 +185,35 @@ def test_threads_option_sets_torchs_cpu_threads(checkpoint: Path, tmp_path: Path
         torch.set_num_threads(before)
     with pytest.raises(SystemExit):
         translate.parse_args([str(checkpoint), "--threads", "-1"])
+
+
+def test_help_shows_every_default(capsys: pytest.CaptureFixture) -> None:
+    """Issue 67: --help says what a decode does unless told otherwise (the defaults tfx.evaluate shares)."""
+    with pytest.raises(SystemExit):
+        translate.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option, default in [("--beam", decode.BEAM), ("--lenpen", decode.LENPEN), ("--max-tokens", decode.MAX_TOKENS),
+                            ("--max-len-a", decode.MAX_LEN_A), ("--max-len-b", decode.MAX_LEN_B),
+                            ("--device", "auto"), ("--threads", 0)]:  # fmt: skip
+        after = text.split(f"{option} {option.lstrip('-').upper().replace('-', '_')} ", 1)[1]
+        assert f"(default: {default})" in after.split(" --", 1)[0], option
+    assert "(default: stdin)" in text and "(default: stdout)" in text and "run folder" in text
+
+
+def test_a_run_folder_is_its_best_checkpoint_as_for_evaluate(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Issue 67: tfx.translate RUN (or RUN/checkpoints) reads checkpoint_best.pt, as tfx.evaluate RUN does; a folder
+    without one is one line naming it."""
+    run = tmp_path / "run"
+    best = write_checkpoint(run / "checkpoints" / "checkpoint_best.pt", seed=3)
+    write_checkpoint(run / "checkpoints" / "checkpoint_1_100.pt", seed=4)
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(SENTENCES[:2]) + "\n", encoding="utf-8")
+    expected = "".join(f"{line}\n" for line in reference_translations(best, SENTENCES[:2], beam=2))
+    for i, target in enumerate([run, run / "checkpoints", best]):
+        out = tmp_path / f"out{i}.txt"
+        assert translate.main([str(target), "--input", str(src), "--output", str(out), "--beam", "2", "--quiet"]) == 0
+        assert out.read_text(encoding="utf-8") == expected
+    best.unlink()
+    assert translate.main([str(run), "--input", str(src), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {run / 'checkpoints'} has no checkpoint_best.pt: pass a checkpoint file\n"

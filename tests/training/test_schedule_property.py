@@ -48,6 +48,7 @@ from tests.test_train import tiny_cfg
 from tfx.checkpoints.load import load_checkpoint
 from tfx.config import Config
 from tfx.data.plan import TrainBatches
+from tfx.reporting.dashboard import image_tag
 from tfx.reporting.metrics_log import FILENAME, read_metrics
 from tfx.train import train
 from tfx.training import build
@@ -133,7 +134,7 @@ class Seen:
     final: int
     status: str
     logged: list[int]  # TensorBoard train/loss
-    layer_images: list[int]  # TensorBoard layers/enc/act_rms
+    layer_images: list[int]  # TensorBoard ~layers/enc/act_rms (the heatmap of layers/enc/act_rms/*)
     validated: list[int]
     bleu: list[float]
     probed: list[int]
@@ -185,7 +186,8 @@ def run(plan: Plan, cfg: Config, run_dir: Path, stop_at: int) -> Seen:
     (end,) = [r for r in records if r["event"] == "end"]
     tb = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "images": 0})
     tb.Reload()
-    images = tb.Images("layers/enc/act_rms") if "layers/enc/act_rms" in tb.Tags()["images"] else []
+    heatmap = image_tag("layers/enc/act_rms")
+    images = tb.Images(heatmap) if heatmap in tb.Tags()["images"] else []
     ckpts = run_dir / "checkpoints"
     names = [NUMBERED.match(p.name) for p in ckpts.iterdir()]
     assert [r["step"] for r in updates] == list(range(1, summary["step"] + 1)), "an update without its record"

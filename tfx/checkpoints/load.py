@@ -59,6 +59,11 @@ class UnreadableCheckpoint(CheckpointError):
     """``torch.load`` failed on the file: cut short (an interrupted copy), damaged, or not a checkpoint."""
 
 
+class MissingPlugin(CheckpointError):
+    """A module in the checkpoint's ``plugins`` (its residual kind or init scheme) does not import here: the
+    checkpoint is fine, the Python path is not."""
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
     """Load with ``weights_only=True``; a missing or corrupt file is a one-line ``CheckpointError``.
 
@@ -103,7 +108,10 @@ def build_from_checkpoint(ckpt: dict[str, Any], device: str | torch.device = "cp
 
     tokenizer = Tokenizer.from_bytes(ckpt["spm_model"])
     check_vocab(tokenizer, ckpt["vocab_size"], "checkpoint")
-    import_plugins(ckpt["config"].get("plugins"))  # a residual kind from outside tfx
+    try:
+        import_plugins(ckpt["config"].get("plugins"))  # a residual kind from outside tfx
+    except ValueError as err:
+        raise MissingPlugin(f"its model needs a plugin that does not import here: {err}") from None
     # a dict of ModelConfig's fields; one written before a field existed rebuilds with its default, as then
     model = build_model(ckpt["config"]["model"], ckpt["vocab_size"], PAD)
     model.load_state_dict(ckpt["model"])

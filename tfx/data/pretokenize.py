@@ -71,7 +71,7 @@ def pretokenize_folder(src_dir: Path, out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tfx.data.pretokenize", description=__doc__.split("\n\n")[0])
     parser.add_argument("src_dir", type=Path, help="raw Multi30k text files (train.de, valid.en, ...)")
     parser.add_argument("out_dir", type=Path, help="where the tokenized, lowercased files go (same names)")
     args = parser.parse_args(argv)

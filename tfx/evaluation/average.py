@@ -16,6 +16,10 @@ decodes each average) with one change: the reference scored each window on the t
 its reported number a best-of-51 on test; tfx scores on validation and leaves test untouched. Decoding
 each window's average, rather than ranking windows by per-checkpoint validation scores, measures the
 model that will be evaluated: an average is not the average of its members' BLEU.
+
+``--last`` and ``--best-window`` choose among the run's numbered checkpoints by ``tfx.evaluate --avg``'s rule
+(``tfx.checkpoints.numbered.window_checkpoints``): a checkpoint less than half a save interval before the newest
+(a run stopped just after an epoch end) is left out; with fewer than ``--last N``, those there are.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 import torch
 
 from tfx.checkpoints.load import CheckpointError, load_checkpoint
-from tfx.checkpoints.numbered import checkpoint_dir, last_checkpoints, numbered_checkpoints
+from tfx.checkpoints.numbered import checkpoint_dir, count, last_checkpoints, window_checkpoints
 from tfx.evaluation.bleu import add_scoring_args
 from tfx.evaluation.run_splits import valid_scorer
 from tfx.evaluation.translate import add_decoding_args, check_decoding_args, run_reporting_errors
@@ -102,7 +106,7 @@ def windows(paths: Sequence[Path], k: int, candidates: int = 0) -> list[list[Pat
     if k < 1:
         raise CheckpointError(f"--best-window {k}: need at least 1 checkpoint")
     if len(paths) < k:
-        raise CheckpointError(f"{len(paths)} numbered checkpoint(s): cannot choose a window of {k}")
+        raise CheckpointError(f"{count(len(paths), 'checkpoint')} to average: cannot choose a window of {k}")
     found = [list(paths[i : i + k]) for i in range(len(paths) - k + 1)]
     return found[-candidates:] if candidates else found
 
@@ -151,7 +155,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     src.add_argument(
         "--run-dir", type=Path, help="a run folder: average --last N or --best-window K of its checkpoints"
     )
-    parser.add_argument("--last", type=int, help="with --run-dir: how many of the newest numbered checkpoints")
+    parser.add_argument("--last", type=int, metavar="N", help="with --run-dir: average the last N numbered checkpoints")
     parser.add_argument("--output", type=Path, required=True, help="where to write the averaged checkpoint")
     search = parser.add_argument_group("--best-window: choose the window on the run's valid split")
     search.add_argument("--best-window", type=int, metavar="K", help="with --run-dir: the best K adjacent checkpoints")
@@ -174,8 +178,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def choose_window(args: argparse.Namespace) -> dict[str, Any]:
     """The average of the best ``--best-window`` window on the run's valid split (module docstring)."""
-    paths = numbered_checkpoints(checkpoint_dir(args.run_dir))
-    first = windows(paths, args.best_window, args.candidates)[0][0]  # too few checkpoints fail before any read
+    paths = window_checkpoints(checkpoint_dir(args.run_dir))  # --avg's and --last's rule: no near duplicates
+    first = windows(paths, args.best_window, args.candidates)[0][0]  # too few checkpoints fail before any model loads
     first_loaded = load_checkpoint(first)
     score = valid_scorer(first_loaded, args)
 
@@ -197,7 +201,10 @@ def average_and_save(args: argparse.Namespace) -> None:
         avg = average_checkpoints(args.inputs if args.inputs is not None else last_checkpoints(args.run_dir, args.last))
     atomic_save(avg, args.output)
     paths = [Path(p) for p in avg["averaged_from"]]
-    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {args.output}")
+    if len(paths) == 1:  # a window of one: --output is its weights (the name is the user's)
+        print(f"wrote the weights of {paths[0].name} (nothing to average it with) -> {args.output}")
+    else:
+        print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {args.output}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tfx.checkpoints.load import CheckpointError, git_sha
-from tfx.checkpoints.numbered import checkpoint_dir, last_checkpoints
+from tfx.checkpoints.numbered import best_checkpoint, checkpoint_dir, last_checkpoints
 from tfx.data import DataError, read_parallel_text
 from tfx.evaluation.average import average_checkpoints
 from tfx.evaluation.bleu import add_scoring_args, score_all
@@ -43,32 +43,30 @@ from tfx.runtime.distributed import resolve_device
 
 
 def resolve_checkpoint(target: Path, avg: int | None) -> Path:
-    """A checkpoint file as is; a run folder's ``checkpoint_best.pt``, or with ``avg`` the average of
-    its last ``avg`` numbered checkpoints, written to ``checkpoint_avg<N>.pt`` beside them."""
+    """A checkpoint file as is; a run folder's ``checkpoint_best.pt``, or with ``avg`` the average of the last
+    ``avg`` checkpoints of its window (``tfx.checkpoints.numbered.last_checkpoints``), written to
+    ``checkpoint_avg<N>.pt`` beside them, N being how many it holds; a window of one is that checkpoint itself,
+    evaluated under its own name (no average of one)."""
+    if not avg:
+        return best_checkpoint(target, otherwise="pass a checkpoint file, or --avg N")
     if target.is_file():
-        if avg:
-            raise CheckpointError(f"--avg {avg} needs a run folder, but {target} is a file")
-        return target
+        raise CheckpointError(f"--avg {avg} needs a run folder, but {target} is a file")
     if not target.is_dir():
         raise CheckpointError(f"{target} does not exist: pass a checkpoint file or a run folder")
-    folder = checkpoint_dir(target)
-    if avg:
-        paths = last_checkpoints(target, avg)
-        out = folder / f"checkpoint_avg{len(paths)}.pt"  # named for what it averages (fewer, on a short run)
-        atomic_save(average_checkpoints(paths), out)
-        print(f"averaged {', '.join(p.name for p in paths)} -> {out}", file=sys.stderr)
-        return out
-    best = folder / "checkpoint_best.pt"
-    if not best.is_file():
-        raise CheckpointError(f"{folder} has no checkpoint_best.pt: pass a checkpoint file, or --avg N")
-    return best
+    paths = last_checkpoints(target, avg)
+    if len(paths) == 1:
+        return paths[0]
+    out = checkpoint_dir(target) / f"checkpoint_avg{len(paths)}.pt"  # named for what it averages (fewer: short run)
+    atomic_save(average_checkpoints(paths), out)
+    print(f"averaged {', '.join(p.name for p in paths)} -> {out}", file=sys.stderr)
+    return out
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tfx.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("target", type=Path, help="a checkpoint file or a run folder")
     parser.add_argument("--split", default="test", choices=("valid", "test"), help="split of the run's dataset")
-    parser.add_argument("--avg", type=int, help="average the last N numbered checkpoints of the run first")
+    parser.add_argument("--avg", type=int, metavar="N", help="average the run's last N numbered checkpoints first")
     parser.add_argument("--src", type=Path, nargs="+", help="raw source file(s), instead of the split; need --ref")
     parser.add_argument("--ref", type=Path, nargs="+", help="raw reference file(s), line-aligned with --src, one each")
     parser.add_argument("--data-dir", type=Path, help="folder replacing the run's data.local_dir")

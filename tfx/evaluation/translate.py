@@ -1,6 +1,7 @@
 """Translate raw sentences with a checkpoint (its config and sentencepiece model travel inside it).
 
     python -m tfx.translate outputs/RUN/checkpoints/checkpoint_best.pt --input test.de --output test.hyp
+    python -m tfx.translate outputs/RUN --input test.de      # a run folder: its checkpoint_best.pt, as tfx.evaluate
     echo "Ein Hund läuft." | python -m tfx.translate checkpoint_best.pt --beam 5
 
 One sentence per line in, one detokenized translation per line out, in input order; UTF-8 both ways,
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from tfx.checkpoints.load import CheckpointError, build_from_checkpoint, load_checkpoint
+from tfx.checkpoints.load import CheckpointError, MissingPlugin, build_from_checkpoint, load_checkpoint
+from tfx.checkpoints.numbered import best_checkpoint
 from tfx.data import DataError
 from tfx.data.sources import read_lines
 from tfx.data.stream import chunk_lines
@@ -32,6 +34,8 @@ def load_model(path: str | Path, device: torch.device):
     ckpt = load_checkpoint(path, map_location="cpu")
     try:
         return build_from_checkpoint(ckpt, device)
+    except MissingPlugin as err:  # written by tfx.train with a plugin: the way on is the Python path, not the file
+        raise MissingPlugin(f"checkpoint {path}: {err}") from None
     except (CheckpointError, DataError):
         raise
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
@@ -69,15 +73,16 @@ def write_lines(path: str | Path | None, lines: Sequence[str]) -> None:
 
 def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``tfx.translate``, ``tfx.evaluate`` and ``tfx.average --best-window``."""
-    parser.add_argument("--beam", type=int, default=decode.BEAM, help="beam size (1 = greedy)")
-    parser.add_argument("--lenpen", type=float, default=decode.LENPEN, help="score = logprob / len**lenpen")
-    parser.add_argument("--max-tokens", type=int, default=decode.MAX_TOKENS, help="padded source tokens per batch")
-    parser.add_argument("--max-len-a", type=float, default=decode.MAX_LEN_A, help="max output length = a*src_len+b")
-    parser.add_argument("--max-len-b", type=int, default=decode.MAX_LEN_B, help="max output length = a*src_len+b")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--bf16", action="store_true", help="run the model under bf16 autocast")
+    d = " (default: %(default)s)"  # argparse fills it in: --help shows what a decode does unless told otherwise
+    parser.add_argument("--beam", type=int, default=decode.BEAM, help="beam size, 1 = greedy" + d)
+    parser.add_argument("--lenpen", type=float, default=decode.LENPEN, help="score = logprob / len**lenpen" + d)
+    parser.add_argument("--max-tokens", type=int, default=decode.MAX_TOKENS, help="padded source tokens per batch" + d)
+    parser.add_argument("--max-len-a", type=float, default=decode.MAX_LEN_A, help="max output length = a*src_len+b" + d)
+    parser.add_argument("--max-len-b", type=int, default=decode.MAX_LEN_B, help="max output length = a*src_len+b" + d)
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N" + d)
+    parser.add_argument("--bf16", action="store_true", help="run the model under bf16 autocast (default: fp32)")
     parser.add_argument(
-        "--threads", type=int, default=0, help="CPU threads (torch.set_num_threads); 0 = torch's default"
+        "--threads", type=int, default=0, help="CPU threads (torch.set_num_threads), 0: torch's own" + d
     )
 
 
@@ -130,7 +135,9 @@ def check_decoding_args(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tfx.translate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", type=Path, help="a .pt file written by tfx.train (or tfx.average)")
+    parser.add_argument(
+        "checkpoint", type=Path, help="a .pt file of tfx.train or tfx.average, or a run folder: its checkpoint_best.pt"
+    )
     parser.add_argument("--input", type=Path, help="raw source sentences, one per line (default: stdin)")
     parser.add_argument("--output", type=Path, help="where to write translations (default: stdout)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -145,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def translate() -> None:
         device = resolve_device(args.device, setting="--device")
-        model, tokenizer, _ = load_model(args.checkpoint, device)
+        model, tokenizer, _ = load_model(best_checkpoint(args.checkpoint), device)
         sentences = read_text_lines(args.input)
         progress = args.input is not None and not args.quiet
         write_lines(args.output, translate_with_args(model, tokenizer, sentences, args, device, progress))

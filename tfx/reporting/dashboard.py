@@ -2,7 +2,7 @@
 
 Per-layer statistics arrive as one number per layer (``layers/enc/act_rms/003``); as scalars a 200+200
 run would draw ~800 cards. ``LayerHistory`` keeps them and draws one layers x updates image per stack
-and statistic instead (``layers/enc/act_rms``, ``layers/dec/grad_norm``, ...: ``docs/dashboard.md``).
+and statistic instead (``~layers/enc/act_rms``, ``~layers/dec/grad_norm``, ...: ``docs/dashboard.md``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,18 @@ from tfx.reporting.heatmap import render
 
 LAYER_PREFIX = "layers/"
 STACKS = {"enc": "encoder", "dec": "decoder"}
+# The heatmaps' tag group. Time Series, the page TensorBoard opens on, sorts every card by tag (characters by code,
+# digit runs as numbers), groups them by the tag's first segment in that order and expands the first two groups
+# (TensorBoard 2.21's webfiles, the metrics store). Under ``layers/`` the heatmaps led, a card per run and panel (32
+# for 8 runs), before ``train/`` and ``valid/``; ``~`` sorts after every letter, so the curves come first and the
+# heatmaps last, collapsed. (torch's SummaryWriter writes a tag as given; tests/reporting/test_dashboard.py checks
+# the order.)
+IMAGE_GROUP = "~layers"
+
+
+def image_tag(panel: str) -> str:
+    """The TensorBoard tag of a heatmap panel: ``layers/enc/act_rms`` -> ``~layers/enc/act_rms``."""
+    return IMAGE_GROUP + "/" + panel.removeprefix(LAYER_PREFIX)
 
 
 def _chart(*tags: str) -> list[Any]:
@@ -42,10 +54,10 @@ LAYOUT: dict[str, dict[str, list[Any]]] = {
 }
 
 
-# The HParams table's columns before anyone ticks a box (TensorBoard displays up to five): a comparison
-# of methods at some depth, with and without warmup; the rest is a tick away, and four leave room
-# on screen for the best-BLEU column.
-HPARAMS_SHOWN = ("method", "optim", "encoder_layers", "warmup_updates")
+# The HParams table's columns before anyone ticks a box: TensorBoard displays five, those marked as differing
+# first, each group by name (so: depth, dropout, lr, method, warmup). The studies' grid is lr x dropout x warmup
+# (docs/converged.md); method and depth say what is compared. precision, seed, init and the rest are a tick away.
+HPARAMS_SHOWN = ("method", "lr", "dropout", "warmup", "depth")
 
 
 # The HParams table's metric columns: scalars every run logs, each shown at its last value (TensorBoard's rule),
@@ -53,19 +65,25 @@ HPARAMS_SHOWN = ("method", "optim", "encoder_layers", "warmup_updates")
 HPARAMS_METRICS = {"valid/best_bleu": "best BLEU", "valid/bleu": "last BLEU", "train/epoch": "epochs"}
 
 
-def hparams(cfg: Config) -> dict[str, Any]:
-    """The HParams-tab columns: what a comparison of runs varies."""
+def hparams(cfg: Config, precision: str | None = None) -> dict[str, Any]:
+    """The HParams-tab columns: what a comparison of runs varies, every axis a study sweeps among them.
+
+    ``precision``: what the run resolved ``train.precision`` to (``auto`` -> bf16 or fp32); the setting without it.
+    ``warmup`` is the run's resolved ``optim.warmup_updates`` (a method's ``${optim.budget_warmup}`` as a number).
+    """
+    m = cfg.model
     return {
         "experiment": cfg.experiment,
         "method": cfg.method,
-        "norm": cfg.model.norm,
+        "norm": m.norm,
         "init": cfg.init.name,
         "optim": cfg.optim.name,
-        "encoder_layers": cfg.model.encoder_layers,
-        "decoder_layers": cfg.model.decoder_layers,
-        "d_model": cfg.model.d_model,
+        "depth": f"{m.encoder_layers}+{m.decoder_layers}",  # encoder + decoder layers, as the docs write it
+        "d_model": m.d_model,
         "lr": cfg.optim.lr,
-        "warmup_updates": cfg.optim.warmup_updates,
+        "dropout": m.dropout,
+        "warmup": cfg.optim.warmup_updates,
+        "precision": precision or cfg.train.precision,
         "seed": cfg.train.seed,
         "data": cfg.data.name,
     }
@@ -100,12 +118,12 @@ class LayerHistory:
             cols.append([by_layer.get(i, float("nan")) for i in range(max(by_layer) + 1)])
 
     def images(self) -> dict[str, np.ndarray]:
-        """``{panel: (H, W, 3) uint8}``: each panel's layers x updates heatmap so far."""
+        """``{tag: (H, W, 3) uint8}``: each panel's layers x updates heatmap so far, under its ``image_tag``."""
         out = {}
         for panel, (steps, cols) in self.panels.items():
             depth = max(len(c) for c in cols)
             values = np.array([c + [float("nan")] * (depth - len(c)) for c in cols], dtype=np.float64).T
             stack, stat = panel.removeprefix(LAYER_PREFIX).split("/")
             title = f"{STACKS.get(stack, stack)} {stat} (log colour)"
-            out[panel] = render(values, title, steps)
+            out[image_tag(panel)] = render(values, title, steps)
         return out

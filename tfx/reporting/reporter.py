@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tfx.checkpoints.numbered import numbered_checkpoints
+from tfx.checkpoints.numbered import window_checkpoints
 from tfx.config import Config
 from tfx.evaluation.validate import ValidResult
 from tfx.reporting.dashboard import HPARAMS_METRICS, HPARAMS_SHOWN, LAYOUT, LayerHistory, hparams, split_layer_stats
@@ -44,6 +44,7 @@ class Reporter:
             self.tb.close()
             raise
         self.layers = LayerHistory()
+        self.precision: str | None = None  # what train.precision resolved to (``start``): an HParams column
         self.log_every_updates = log_every_updates
         self.tb.layout(LAYOUT)
         self.restart_window()
@@ -56,6 +57,7 @@ class Reporter:
         self, run_dir: Path, cfg: Config, n_params: int, device: torch.device, precision: str, world_size: int
     ) -> None:
         """The run's first log line: where, what, how big, on what."""
+        self.precision = precision
         log.info(
             "run folder %s | %s | %.2fM params | device %s %s | %d rank(s)",
             run_dir, describe(cfg), n_params / 1e6, device, precision, world_size,
@@ -94,11 +96,12 @@ class Reporter:
             step, train_minutes, result.metrics["valid/loss"], result.bleu, best_bleu, result.signature,
         )  # fmt: skip
 
-    def stopped(self, signal: str, step: int, last: Path) -> None:
-        """The stop's one line, from rank 0 alone: it is the one that wrote ``last``."""
+    def stopped(self, signal: str, step: int, last: Path, command: str | None = None) -> None:
+        """The stop's one line, from rank 0 alone (it is the one that wrote ``last``): how to go on."""
         if self.jsonl.path is None:  # not rank 0
             return
-        log.warning("stopped by %s at update %d; wrote %s; re-run the same command to resume", signal, step, last)
+        again = f"run the same command to resume: {command}" if command else "train into the same folder to resume"
+        log.warning("stopped by %s at update %d; wrote %s; %s", signal, step, last, again)
 
     def end(self, step: int, status: str, train_seconds: float) -> None:
         """``metrics.jsonl``'s last record: completed, early stop, diverged or stopped by a signal."""
@@ -108,7 +111,7 @@ class Reporter:
 
     def final(self, cfg: Config) -> None:
         """The HParams-tab row of this run."""
-        self.tb.hparams(hparams(cfg), HPARAMS_METRICS, HPARAMS_SHOWN)
+        self.tb.hparams(hparams(cfg, self.precision), HPARAMS_METRICS, HPARAMS_SHOWN)
 
     def summary(self, state: TrainState, epochs: float, wall_seconds: float, ckpt_dir: Path, status: str) -> None:
         """The run's last lines: how far it went, its best checkpoint, and the commands that evaluate and use it."""
@@ -127,7 +130,7 @@ class Reporter:
         log.info("best valid BLEU %.2f%s: %s", state.best_bleu, at, _shown(best))
         # the README's --avg 5 once there are 5 epochs to average; a shorter run's average takes in its first epochs,
         # far from where it ended (a 5-minute Multi30k run: 20.67 test BLEU averaged, 26.97 best), so its best
-        averaged = len(numbered_checkpoints(ckpt_dir)) >= AVERAGED
+        averaged = len(window_checkpoints(ckpt_dir)) >= AVERAGED  # the near-duplicate final save counts once
         evaluate = _shown(EVAL_SCRIPT) if EVAL_SCRIPT.is_file() else "python -m tfx.evaluate"  # a checkout, or a wheel
         log.info("test BLEU:  %s %s%s --beam 5", evaluate, _shown(run_dir), f" --avg {AVERAGED}" if averaged else "")
         log.info("translate:  python -m tfx.translate %s --input FILE --beam 5", _shown(best))

@@ -7,6 +7,7 @@ parameters. A resumed run skips the init: every weight comes from its checkpoint
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from tfx.config import Config, TrainConfig
+from tfx.config import Config, OptimConfig, TrainConfig
 from tfx.data import PAD, Batch, Corpus, collate, prepare_data
 from tfx.init import SCHEMES, apply_init
 from tfx.model import Transformer, build_model
@@ -25,6 +26,8 @@ from tfx.runtime.compilation import compile_for_training
 from tfx.runtime.distributed import DistInfo
 from tfx.runtime.precision import Precision
 from tfx.training.step import Stepper
+
+log = logging.getLogger("tfx.train")
 
 # Ranks start from identical weights (the init is seeded with train.seed on every rank), then
 # draw different dropout masks: rank r > 0 reseeds its stream with seed + r * this stride.
@@ -78,10 +81,27 @@ def reseed_dropout(seed: int, rank: int) -> None:
         torch.manual_seed(seed + DROPOUT_SEED_STRIDE * rank)
 
 
+def warmup_outlasts_run(optim: OptimConfig, t: TrainConfig) -> str | None:
+    """One line when the lr warmup does not end before ``train.max_updates`` (the run never trains at ``optim.lr``;
+    issue 67: DyT and Fixup on the toy task capped at 300 updates were still warming up), else None."""
+    warmup, cap = optim.warmup_updates, t.max_updates
+    if not cap or warmup < cap:
+        return None
+    reached = (optim.warmup_init_lr + (optim.lr - optim.warmup_init_lr) * cap / warmup) / optim.lr
+    return (
+        f"optim.warmup_updates={warmup} >= train.max_updates={cap}: the run ends still warming up, at "
+        f"{reached:.0%} of optim.lr={optim.lr:g}; lower optim.warmup_updates or raise train.max_updates"
+    )
+
+
 def place_and_optimize(
     model: Transformer, cfg: Config, device: torch.device
 ) -> tuple[Precision, torch.optim.Optimizer]:
-    """Move (and under FSDP shard) the model, then build the optimizer over the parameters it ends up with."""
+    """Move (and under FSDP shard) the model, then build the optimizer over the parameters it ends up with; warn
+    (rank 0) when its warmup outlasts the run."""
+    first_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if first_rank and (warning := warmup_outlasts_run(cfg.optim, cfg.train)):
+        log.warning(warning)
     model.to(device)
     precision = Precision(cfg.train.precision, device)
     if cfg.train.strategy == "fsdp":  # before the optimizer, which must hold the sharded parameters
