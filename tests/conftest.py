@@ -15,6 +15,10 @@ from tfx.model import ModelConfig, Transformer
 
 # Tests run tiny models: one thread avoids oversubscription (and 10x slowdowns on a busy 2-core box).
 torch.set_num_threads(1)
+# Every Python process the tests start (mp.spawn's ranks, `python -m tfx.train` subprocesses) prints all its threads'
+# stacks on a fatal signal (SIGSEGV, SIGABRT, ...): mp.spawn alone reports "process 1 terminated with signal SIGSEGV".
+# Their stderr is the test's (pytest captures it). pytest's own process has pytest's faulthandler.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO / ".." / "shared" / "data"

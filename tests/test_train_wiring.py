@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 import tfx.data.batching as batching_mod
 import tfx.evaluation.validate as validate_mod
 import tfx.training.validation as validation_mod
-from tests.test_train import free_port, join_two_ranks, tiny_cfg
+from tests.test_train import join_two_ranks, rendezvous_ports, tiny_cfg
 from tfx.checkpoints.load import build_from_checkpoint, load_checkpoint
 from tfx.config import Config
 from tfx.data import PAD, collate, make_batches, prepare_data
@@ -252,7 +252,8 @@ def test_two_process_ddp_first_gradient_is_the_global_token_mean(tmp_path: Path)
     cfg = wiring_cfg(tmp_path, max_updates=1)
     prepare_data(cfg.data, seed=cfg.train.seed)  # fill the cache before the ranks start
     out = str(tmp_path / "first")
-    mp.spawn(_first_update_worker, args=(cfg, str(tmp_path / "ddp"), free_port(), out), nprocs=2, join=True)
+    with rendezvous_ports(1) as (port,):
+        mp.spawn(_first_update_worker, args=(cfg, str(tmp_path / "ddp"), port, out), nprocs=2, join=True)
     ref = reference_first_update(cfg, world_size=2)
     for rank in (0, 1):
         metrics = torch.load(f"{out}.{rank}", weights_only=True)

@@ -246,12 +246,13 @@ def test_two_ranks_wait_for_one_preparer_and_map_its_files(tmp_path: Path) -> No
     import torch
     import torch.multiprocessing as mp
 
-    from tests.test_train import free_port
+    from tests.test_train import rendezvous_ports
 
     cfg = DataConfig(source="local", local_dir=str(corpus_folder(tmp_path)), vocab_size=60,
                      cache_dir=str(tmp_path / "cache"), max_tokens=60)  # fmt: skip
     out = str(tmp_path / "rank")
-    mp.spawn(_prepare_on_rank, args=(cfg, free_port(), out), nprocs=2, join=True)
+    with rendezvous_ports(1) as (port,):
+        mp.spawn(_prepare_on_rank, args=(cfg, port, out), nprocs=2, join=True)
     ranks = [torch.load(f"{out}.{r}") for r in (0, 1)]
     assert len(ranks[0]["encoded"]) == 6 and ranks[1]["encoded"] == []
     assert ranks[0]["stores"] == ranks[1]["stores"] and len(ranks[0]["stores"]) == 6

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import torch.nn.functional as F
 
 import tfx.runtime.distributed
 from tests.reliability.helpers import tiny_cfg, with_changes
-from tests.test_train import free_port
+from tests.test_train import join_two_ranks, rendezvous_ports
 from tfx.checkpoints.load import load_checkpoint
 from tfx.train import Trainer, train
 
@@ -48,8 +47,7 @@ def dropout_probe() -> torch.Tensor:
     return mask
 
 
-def _rank_worker(rank: int, cfg, run_dir: str, ports: tuple[int, int], out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
+def _rank_worker(rank: int, cfg, run_dir: str, ports: list[int], out: str) -> None:
     record: dict[str, torch.Tensor] = {}
     wrap = Trainer._wrap
 
@@ -59,7 +57,7 @@ def _rank_worker(rank: int, cfg, run_dir: str, ports: tuple[int, int], out: str)
 
     Trainer._wrap = record_initial_weights
     for phase, (port, updates) in enumerate(zip(ports, (2, 3), strict=True)):
-        os.environ["MASTER_PORT"] = str(port)
+        join_two_ranks(rank, port)
         trainer = Trainer(with_changes(cfg, train={"max_updates": updates}), Path(run_dir))
         try:
             if phase == 0:
@@ -79,7 +77,8 @@ def test_ddp_ranks_start_identical_draw_their_own_dropout_and_resume_their_own_s
     cfg = tiny_cfg(tmp_path, layer_stats_every_updates=0)
     cfg = with_changes(cfg, model={"dropout": 0.3})
     out = str(tmp_path / "rank")
-    mp.spawn(_rank_worker, args=(cfg, str(tmp_path / "run"), (free_port(), free_port()), out), nprocs=2, join=True)
+    with rendezvous_ports(2) as ports:
+        mp.spawn(_rank_worker, args=(cfg, str(tmp_path / "run"), ports, out), nprocs=2, join=True)
     ranks = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])  # the init is seeded alike on every rank
     assert not torch.equal(ranks[0]["probe"], ranks[1]["probe"])  # dropout is not

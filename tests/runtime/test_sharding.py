@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import tfx.training.step as step_mod
-from tests.test_train import free_port, join_two_ranks, tiny_cfg
+from tests.test_train import join_two_ranks, rendezvous_ports, tiny_cfg
 from tfx.checkpoints.load import load_checkpoint
 from tfx.config import Config
 from tfx.data import prepare_data
@@ -102,12 +102,14 @@ def overflow_at_first_update(on_rank: int) -> Iterator[None]:
 
 
 def as_srun_task(rank: int, port: int) -> None:
-    """The environment srun gives task ``rank`` of a 2-task step on this host (no torchrun variables)."""
+    """The environment srun gives task ``rank`` of a 2-task step on this host (no torchrun variables), to meet
+    on ``port`` (``rendezvous_ports``: the test's store stands in for the one rank 0 would host)."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
         os.environ.pop(name, None)
     os.environ.update(
         SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS="2", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
         SLURM_STEP_NODELIST="localhost", SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4242", MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",
     )  # fmt: skip
 
 
@@ -145,7 +147,8 @@ def test_two_fsdp_ranks_match_one_process_and_their_checkpoints_load_anywhere(tm
         "fp16": _with(cfg, precision="fp16", max_updates=3, validate_every_updates=0),
         "poisoned": _with(cfg, precision="fp16", max_bad_steps=2, validate_every_updates=0, save_every_updates=0),
     }
-    mp.spawn(_fsdp_worker, args=(cfgs, str(tmp_path), [free_port() for _ in range(6)]), nprocs=2, join=True)
+    with rendezvous_ports(6) as ports:
+        mp.spawn(_fsdp_worker, args=(cfgs, str(tmp_path), ports), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"out.{r}", weights_only=True) for r in (0, 1)]
     fsdp = ranks[0]
 

@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 
 import tfx.evaluation.decode as decode
 import tfx.evaluation.validate as validate
-from tests.test_train import REPO, TINY_OVERRIDES, free_port, join_two_ranks, tiny_cfg
+from tests.test_train import REPO, TINY_OVERRIDES, join_two_ranks, rendezvous_ports, tiny_cfg
 from tfx.checkpoints.load import CheckpointError, load_checkpoint
 from tfx.config import Config
 from tfx.runtime import stop
@@ -178,7 +178,8 @@ def test_two_ddp_ranks_stop_together_when_rank_0_is_signalled_inside_validation(
     says so (issue 69: every rank logged "stopped by SIGTERM ... wrote checkpoint_last.pt")."""
     cfg = run_cfg(tmp_path, max_epochs=2, layer_stats_every_updates=0)
     out = str(tmp_path / "stopped_by")
-    mp.spawn(_ddp_stopped_in_validation, args=(cfg, str(tmp_path / "ddp"), free_port(), out), nprocs=2, join=True)
+    with rendezvous_ports(1) as (port,):
+        mp.spawn(_ddp_stopped_in_validation, args=(cfg, str(tmp_path / "ddp"), port, out), nprocs=2, join=True)
     assert torch.load(f"{out}.0") == "SIGTERM" and torch.load(f"{out}.1") == "SIGTERM"
     saved = load_checkpoint(tmp_path / "ddp" / "checkpoints" / "checkpoint_last.pt")
     assert saved["train_state"]["validated_step"] < saved["step"]
