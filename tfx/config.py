@@ -207,8 +207,8 @@ class TrainConfig:
     max_bad_steps: int = 10  # consecutive non-finite steps before stopping
     # auto: the run folder's checkpoint_last.pt, or (a command-line run in a new time-stamped folder) the newest
     # unfinished run of the same settings beside it (tfx/checkpoints/unfinished.py) | never: a new run, refused
-    # where the folder already holds one | a checkpoint's path
-    resume: str = "auto"
+    # where the folder already holds one | a checkpoint's path (None, in checkpoints before this setting: auto)
+    resume: str | None = "auto"
     # strict: refuse a checkpoint whose settings differ | force: resume, log the changes | weights: the weights
     # and update count only, from any checkpoint of the run (a damaged checkpoint_last.pt's way on)
     resume_mode: str = "strict"

@@ -37,13 +37,22 @@ def test_translate_with_a_missing_device_is_one_line(tmp_path: Path, capsys) -> 
     assert "--device=cuda:99: no such device" in capsys.readouterr().err
 
 
-def test_translate_given_a_folder_lists_its_checkpoints(tmp_path: Path, capsys) -> None:
+def test_translate_given_a_run_folder_uses_its_best_checkpoint_and_one_without_says_so(tmp_path: Path, capsys) -> None:
+    """tfx.translate RUN reads RUN's checkpoint_best.pt, as tfx.evaluate RUN does (issue 67); a folder without one
+    is refused in one line. CPU, fp32 (tiny_cfg)."""
     train(tiny_cfg(tmp_path, max_updates=2, save_every_updates=2), tmp_path / "run")
-    assert tfx.evaluation.translate.main([str(tmp_path / "run"), "--device", "cpu"]) == 1
+    source = tmp_path / "source.txt"
+    source.write_text("w1 w2 w3\n")
+    out = tmp_path / "out.txt"
+    assert tfx.evaluation.translate.main([str(tmp_path / "run"), "--device", "cpu", "--input", str(source),
+                                          "--output", str(out)]) == 0  # fmt: skip
+    assert len(out.read_text().splitlines()) == 1
+    (tmp_path / "run" / "checkpoints" / "checkpoint_best.pt").unlink()
+    capsys.readouterr()
+    assert tfx.evaluation.translate.main([str(tmp_path / "run"), "--device", "cpu", "--input", str(source)]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"checkpoint {tmp_path / 'run'} is a folder" in err
-    assert "checkpoints/checkpoint_last.pt" in err and "checkpoints/checkpoint_1_2.pt" in err
+    assert err.count("\n") == 1 and "has no checkpoint_best.pt" in err, err
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert tfx.evaluation.translate.main([str(empty), "--device", "cpu"]) == 1
-    assert "is a folder; it holds no .pt checkpoint files" in capsys.readouterr().err
+    assert tfx.evaluation.translate.main([str(empty), "--device", "cpu", "--input", str(source)]) == 1
+    assert "has no checkpoint_best.pt" in capsys.readouterr().err

@@ -130,7 +130,7 @@ def test_cli_disk_full_on_a_tiny_tmpfs(tmp_path: Path) -> None:
     """A real full filesystem, where a small tmpfs can be mounted (root); skipped elsewhere."""
     run = tmp_path / "run"
     run.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(run)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2400k", "tmpfs", str(run)], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
         proc = cli(f"hydra.run.dir={run}", f"data.cache_dir={tmp_path / 'cache'}", "train.max_updates=40",

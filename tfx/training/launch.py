@@ -59,7 +59,7 @@ def resume_unfinished(run_dir: Path, cfg: Config, argv: list[str]) -> tuple[Path
     default), else ``run_dir`` (or ``<run_dir>_<pid>``, ``claim_new_folder``)."""
     command = command_line(argv)
     run_dir, own_lock = claim_new_folder(run_dir)
-    if cfg.train.resume != "auto":
+    if cfg.train.resume not in ("auto", None):
         return run_dir, Launch(command, own_lock), False
     found, passed_over = find_unfinished(run_dir, cfg)
     if found is None:
