@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import _require_tfx  # noqa: F401  (one-line error when tfx is not installed)
 import torch
 
 from tfx.checkpoints.load import load_checkpoint
