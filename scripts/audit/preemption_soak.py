@@ -33,9 +33,10 @@ from tfx.checkpoints.load import load_checkpoint
 REPO = Path(__file__).resolve().parents[2]
 VALIDATE_EVERY = 15
 SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-RUN = [  # toy task, 2+2 layers d 32: 19 updates an epoch; validation every 15 updates, a save every 10
+RUN = [  # toy task, 2+2 layers d 32: 19 updates an epoch; validation (400 sentences, about as long as 15 updates)
+    # every 15 updates, so that about a third of the signals land in one; a save every 10
     "model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=32", "model.ffn_dim=64",
-    "data.toy_train_size=600", "data.toy_valid_size=64", "train.valid_max_sentences=0", "train.progress=false",
+    "data.toy_train_size=600", "data.toy_valid_size=400", "train.valid_max_sentences=0", "train.progress=false",
     "train.threads=1", "data.max_tokens=256", "train.precision=fp32", "train.max_updates=600",
     f"train.validate_every_updates={VALIDATE_EVERY}", "train.save_every_updates=10", "train.save_every_epochs=0",
     "train.keep_last=4", "train.log_every_updates=5",
