@@ -46,7 +46,11 @@ def claim_new_folder(run_dir: Path) -> tuple[Path, int]:
     if fd is not None:
         return run_dir, fd
     own = run_dir.with_name(f"{run_dir.name}_{os.getpid()}")
-    shutil.copytree(run_dir / ".hydra", own / ".hydra")  # the same command: the same config
+    try:
+        shutil.copytree(run_dir / ".hydra", own / ".hydra")  # the same command: the same config
+    except OSError:  # the other process resumed an earlier run and removed the shared folder meanwhile
+        own.mkdir(parents=True, exist_ok=True)
+        log.warning("%s has no .hydra/ (the folder it came from went): a later re-run will not find it to resume", own)
     move_file_logs(run_dir, own)
     fd = try_lock(own)
     assert fd is not None, own  # a name of this process's own
@@ -74,27 +78,31 @@ def resume_unfinished(run_dir: Path, cfg: Config, argv: list[str]) -> tuple[Path
     return found.folder, Launch(command, found.held_lock), True
 
 
+def file_logs_in(folder: Path) -> list[logging.FileHandler]:
+    """The root logger's file handlers that write into ``folder`` (Hydra's ``train.log``)."""
+    found = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    return [h for h in found if Path(h.baseFilename).parent == folder.resolve()]
+
+
 def move_file_logs(old: Path, new: Path) -> None:
     """Point the log files Hydra opened in ``old`` at the same names in ``new`` (appending)."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == old.resolve():
-            moved = logging.FileHandler(new / Path(handler.baseFilename).name, mode="a")
-            moved.setFormatter(handler.formatter)
-            moved.setLevel(handler.level)
-            root.removeHandler(handler)
-            handler.close()
-            root.addHandler(moved)
+    for handler in file_logs_in(old):
+        moved = logging.FileHandler(new / Path(handler.baseFilename).name, mode="a")
+        moved.setFormatter(handler.formatter)
+        moved.setLevel(handler.level)
+        root.removeHandler(handler)
+        handler.close()
+        root.addHandler(moved)
 
 
 def discard(run_dir: Path) -> None:
     """Remove a run folder that holds only what Hydra wrote, and what a start before its first update left
     (an empty ``checkpoints/`` with its lock, TensorBoard's first file, a ``metrics.jsonl`` without updates)."""
     if run_dir.is_dir() and never_updated(run_dir):
-        for handler in logging.getLogger().handlers:  # stop writing there first
-            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
-                handler.close()
-                logging.getLogger().removeHandler(handler)
+        for handler in file_logs_in(run_dir):  # stop writing there first
+            handler.close()
+            logging.getLogger().removeHandler(handler)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
