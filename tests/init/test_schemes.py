@@ -27,7 +27,7 @@ def toy_batch(seed: int = 0) -> Batch:
 
 def scheme_norm(name: str) -> str:
     """A residual kind the scheme accepts (component_wise is meant for LayerNorm models)."""
-    return SCHEMES[name].needs_norm or ("post" if name == "component_wise" else "none")
+    return next(iter(SCHEMES[name].norms()), "post" if name == "component_wise" else "none")
 
 
 def xavier_std(w: torch.Tensor) -> float:
@@ -159,7 +159,7 @@ DEC_SCALED = (*ENC_SCALED, "encoder_attn.v_proj", "encoder_attn.out_proj")
 
 
 def test_unknown_scheme_is_named_with_the_choices() -> None:
-    names = r"\['admin', 'component_wise', 'deepnorm', 'fixup', 'tfixup', 'xavier'\]"
+    names = r"\['admin', 'component_wise', 'deepnorm', 'fixup', 'tfixup', 'tfixup_ln', 'xavier'\]"
     with pytest.raises(ValueError, match=rf"init.name='bogus': use one of {names}"):
         apply_init(tiny_model(), "bogus")
 
@@ -208,6 +208,9 @@ def test_a_scheme_is_one_record_in_its_own_file_and_a_name_is_taken_once() -> No
     assert (SCHEMES["tfixup"].needs_norm, SCHEMES["admin"].needs_batch, SCHEMES["xavier"].needs_norm) == (
         "none", True, None,
     )  # fmt: skip
+    assert SCHEMES["tfixup_ln"].norms() == ("post", "pre") and SCHEMES["tfixup"].norms() == ("none",)
+    assert SCHEMES["tfixup_ln"].fits("pre") and not SCHEMES["tfixup_ln"].fits("none")
+    assert SCHEMES["xavier"].norms() == () and SCHEMES["xavier"].fits("dyt")
     with pytest.raises(ValueError, match="registered twice"):
         register(Scheme("xavier", SCHEMES["tfixup"].init))
     assert SCHEMES["xavier"].init.__name__ == "init_xavier"

@@ -21,7 +21,8 @@ def test_every_method_yaml_is_an_arm_of_that_method_tfixup_first() -> None:
 def test_warmup_free_methods_are_t_fixup_and_its_ablations() -> None:
     """What scripts/converged_runs.py's WARMUP_FREE held, now each method's own YAML line; Pre-LN and ReZero start
     at warmup 0 but their grid decides, and DyT and Fixup warm up."""
-    assert {m for m in METHODS if warmup_free(m)} >= {"tfixup", "xavier_noln", "postln_nowarmup"}
+    assert {m for m in METHODS if warmup_free(m)} >= {"tfixup", "xavier_noln", "postln_nowarmup", "tfixup_postln",
+                                                      "tfixup_preln"}  # fmt: skip
     assert not any(warmup_free(m) for m in ("preln", "rezero", "dyt", "fixup", "postln", "admin", "deepnorm"))
 
 

@@ -17,6 +17,7 @@ from tfx.init.deepnorm import deepnorm_beta, init_deepnorm
 from tfx.init.fixup import fixup_attention_scale, fixup_branches, fixup_ffn_scale, init_fixup
 from tfx.init.scheme import SCHEMES, Scheme, register
 from tfx.init.tfixup import init_tfixup, tfixup_decoder_scale, tfixup_embedding_scale, tfixup_encoder_scale
+from tfx.init.tfixup_ln import init_tfixup_ln
 from tfx.init.xavier import ModelInputs, init_xavier
 from tfx.model import Transformer
 
@@ -33,11 +34,10 @@ _import_scheme_files()
 
 def check_fits(name: str, norm: str) -> None:
     """Refuse an init scheme on a residual kind it was not made for (one line, both names)."""
-    needed = SCHEMES[name].needs_norm if name in SCHEMES else None
-    if needed is not None and norm != needed:
+    if name in SCHEMES and not SCHEMES[name].fits(norm):
         raise ValueError(
-            f"init.name={name} needs model.norm={needed} (got {norm!r}); "
-            f"method={name} sets both (conf/method/), init=xavier fits every model.norm"
+            f"init.name={name} needs model.norm={' or '.join(SCHEMES[name].norms())} (got {norm!r}); "
+            "a method (conf/method/) sets both, init=xavier fits every model.norm"
         )
 
 
@@ -64,6 +64,7 @@ __all__ = [
     "init_deepnorm",
     "init_fixup",
     "init_tfixup",
+    "init_tfixup_ln",
     "init_xavier",
     "register",
     "tfixup_decoder_scale",

@@ -20,8 +20,19 @@ class Scheme:
 
     name: str  # init.name, and conf/init/<name>.yaml
     init: InitFn  # (model, seed, batch) -> None, in place
-    needs_norm: str | None = None  # the one residual kind (model.norm) it was made for; None: any
+    # the residual kind (model.norm) it was made for, or the kinds (T-Fixup with LayerNorm kept: post, pre); None: any
+    needs_norm: str | tuple[str, ...] | None = None
     needs_batch: bool = False  # reads the first training batch (Admin's profiling pass): the trainer plans it
+
+    def fits(self, norm: str) -> bool:
+        """Whether the scheme may initialize a model of residual kind ``norm``."""
+        return self.needs_norm is None or norm in self.norms()
+
+    def norms(self) -> tuple[str, ...]:
+        """The residual kinds it names (none: it fits every kind)."""
+        if self.needs_norm is None:
+            return ()
+        return (self.needs_norm,) if isinstance(self.needs_norm, str) else self.needs_norm
 
 
 # name -> Scheme, in registration order: tfx.config validates init.name against its keys

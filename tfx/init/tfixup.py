@@ -48,6 +48,12 @@ def init_tfixup(model: Transformer, seed: int = 1, batch: ModelInputs | None = N
         raise ValueError(
             f"init.name=tfixup needs a LayerNorm-free model (model.norm=none), got model.norm={model.norm!r}"
         )
+    tfixup_weights(model, seed)
+
+
+def tfixup_weights(model: Transformer, seed: int) -> None:
+    """Steps 1, 3, 4 and 5 above on any model, LayerNorm or not: the one copy of the recipe, which ``init_tfixup``
+    (LayerNorm refused) and ``tfixup_ln`` (Post-/Pre-LN kept) share."""
     init_xavier(model, seed)
     n_enc, n_dec = len(model.encoder.layers), len(model.decoder.layers)
     for layer in model.encoder.layers:
