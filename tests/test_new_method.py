@@ -1,7 +1,7 @@
 """A method is one registration: a throwaway method, written only to a temporary folder (a plugin module with
-its init scheme and residual kind, a config folder with its method and init YAMLs), composes, builds,
-initializes and goes through the converged study's plan without a line of tfx, conf/ or scripts/ edited
-(docs/layout.md, "Adding a method")."""
+its init scheme and residual kind, the kind with an option of its own; a config folder with its method and init
+YAMLs), composes, builds, initializes, is saved and loaded, and goes through the converged study's plan without a
+line of tfx, conf/ or scripts/ edited (docs/layout.md, "Adding a method")."""
 
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ from tfx.model import build_model
 from tfx.model.residual import RESIDUALS
 from tfx.studies import arms
 
-PLUGIN = '''"""A throwaway method: x + 0.5 * f(x), no LayerNorm; Xavier, then every output projection zeroed."""
+PLUGIN = '''"""A throwaway method: x + gain * f(x), gain its kind's own option (default 0.5), no LayerNorm; Xavier,
+then every output projection zeroed."""
+
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -32,10 +35,21 @@ from tfx.init import Scheme, init_xavier, register
 from tfx.model.residual import Residual, residual_kind
 
 
+@dataclass(frozen=True)
+class HalfOptions:
+    gain: float = 0.5
+
+
 @residual_kind("half")
 class Half(Residual):
+    Options = HalfOptions
+
+    def __init__(self, at, *, gain):
+        super().__init__(at)
+        self.gain = gain
+
     def forward(self, x, branch):
-        return x + 0.5 * self.dropout(branch(x))
+        return x + self.gain * self.dropout(branch(x))
 
 
 def init_throwaway(model, seed=1, batch=None):
@@ -53,6 +67,8 @@ defaults:
   - override /init: throwaway
 model:
   norm: half
+  norm_options:
+    gain: 0.25
 optim:
   warmup_updates: 0
 warmup_free: true
@@ -83,13 +99,28 @@ def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def test_a_plugin_method_composes_builds_and_initializes(plugin: Path) -> None:
     cfg = compose_config([f"hydra.searchpath=[file://{plugin}]", "method=throwaway"])
     assert (cfg.method, cfg.model.norm, cfg.init.name, cfg.warmup_free) == ("throwaway", "half", "throwaway", True)
+    assert cfg.model.norm_options == {"gain": 0.25}  # its kind's option, as its method YAML sets it
     model = build_model(cfg.model, 50, 0)
+    assert {layer.ffn_block.gain for layer in model.encoder.layers} == {0.25}
     apply_init(model, cfg.init.name, seed=cfg.train.seed)
     assert all(not layer.self_attn.out_proj.weight.any() for layer in model.encoder.layers)
     with pytest.raises(ValueError, match="needs model.norm=half"):
         apply_init(tiny_model("none"), "throwaway")
     src, tgt = random_batch()
     assert torch.isfinite(model(src % 50, tgt % 50)).all()
+
+
+def test_a_plugin_kinds_option_is_overridden_saved_and_loaded(plugin: Path, tmp_path: Path) -> None:
+    """``model.norm_options.gain=V`` overrides the YAML's value (no ModelConfig field involved); a checkpoint holds
+    it and rebuilds the model with it; a name the kind does not declare is refused by name."""
+    cfg = compose_config([f"hydra.searchpath=[file://{plugin}]", "method=throwaway", "model.norm_options.gain=0.75"])
+    ckpt = write_checkpoint(tmp_path / "plugin.pt", config=dataclasses.asdict(cfg))
+    model, _, config = load_model(ckpt, torch.device("cpu"))
+    assert config["model"]["norm_options"] == {"gain": 0.75}
+    assert {layer.self_attn_block.gain for layer in model.decoder.layers} == {0.75}
+    with pytest.raises(ValueError, match=r"model\.norm_options\.gian: model\.norm=half has no such option \(its "
+                       r"options: gain\)"):  # fmt: skip
+        compose_config([f"hydra.searchpath=[file://{plugin}]", "method=throwaway", "+model.norm_options.gian=1"])
 
 
 def test_a_plugin_method_is_an_arm_of_the_converged_study(plugin: Path, capsys: pytest.CaptureFixture) -> None:

@@ -14,7 +14,7 @@ from tests.conftest import PAD, VOCAB, random_batch, tiny_model
 from tfx.config import ModelConfig
 from tfx.model import RESIDUALS, MultiheadAttention, Transformer, build_model
 from tfx.model.attention import KVCache
-from tfx.model.residual import residual_class
+from tfx.model.residual import Residual, residual_class
 
 
 def steps(*lengths: int, seed: int = 0) -> list[torch.Tensor]:
@@ -55,14 +55,23 @@ def test_refusals_name_the_setting() -> None:
 
 
 def test_a_kinds_options_live_in_the_config_only() -> None:
-    """A kind's own setting (``dyt_alpha``) is one ``ModelConfig`` field, with its one default there: the kind names
-    it in ``options`` and takes it as a keyword argument without a default of its own."""
+    """A kind's own setting has its one default where the kind declares it: a field of its ``Options`` dataclass
+    (Derf's alpha), or, for the two from before ``model.norm_options``, a ``ModelConfig`` field it names in
+    ``config_fields`` (``dyt_alpha``). Either way its constructor and ``final_module`` take it as a keyword argument
+    without a default of their own."""
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     for cls in RESIDUALS.values():
-        for name in cls.options:
-            assert name in fields, f"{cls.__name__}.options names {name}, which is no ModelConfig field"
-            param = inspect.signature(cls.__init__).parameters[name]
-            assert param.kind is param.KEYWORD_ONLY and param.default is param.empty, (cls.__name__, name)
+        declared = [f.name for f in dataclasses.fields(cls.Options)] if cls.Options is not None else []
+        assert not set(declared) & set(cls.config_fields), cls.__name__
+        for name in cls.config_fields:
+            assert name in fields, f"{cls.__name__}.config_fields names {name}, which is no ModelConfig field"
+        for name in [*cls.config_fields, *declared]:
+            for method in (cls.__init__, cls.final_module):
+                param = inspect.signature(method).parameters.get(name)
+                if param is None:  # the base final_module takes **options
+                    assert method.__func__ is Residual.final_module.__func__, (cls.__name__, name)
+                    continue
+                assert param.kind is param.KEYWORD_ONLY and param.default is param.empty, (cls.__name__, name)
     assert set(inspect.signature(Transformer.__init__).parameters) == {"self", "cfg", "vocab_size", "pad_id"}
 
 
@@ -70,7 +79,7 @@ def test_an_old_checkpoints_model_fields_rebuild_with_the_defaults_of_newer_ones
     """A checkpoint's ``config["model"]`` written before a field existed lacks it: the default stands in; a field
     the schema does not know is refused by name."""
     fields = dataclasses.asdict(ModelConfig(norm="rezero", d_model=16, heads=2))
-    del fields["rezero_shared"], fields["dyt_alpha"]
+    del fields["rezero_shared"], fields["dyt_alpha"], fields["norm_options"]
     assert ModelConfig.from_fields(fields) == ModelConfig(norm="rezero", d_model=16, heads=2)
     with pytest.raises(ValueError, match=r"unknown fields \['depth'\]"):
         ModelConfig.from_fields({**fields, "depth": 3})

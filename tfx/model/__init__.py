@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tfx.model import kinds  # noqa: F401  (registers tfx/model/kinds/: before any model.norm is checked)
 from tfx.model.attention import MultiheadAttention
 from tfx.model.config import ModelConfig
 from tfx.model.layers import DecoderLayer, EncoderLayer, FeedForward

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from tfx.model.registry import RESIDUALS
+from tfx.model.registry import RESIDUALS, resolve_options
 
 
 def require(ok: bool, message: str) -> None:
@@ -30,7 +30,11 @@ class ModelConfig:
     d_model: int = 512  # embedding / residual width
     ffn_dim: int = 1024  # FFN hidden width
     heads: int = 4  # attention heads (d_model % heads == 0)
-    norm: str = "none"  # residual kind: a key of RESIDUALS (tfx/model/residual.py; set by conf/method/)
+    norm: str = "none"  # residual kind: a key of RESIDUALS (tfx/model/residual.py, kinds/; set by conf/method/)
+    # the options of model.norm's kind, by name (Derf's alpha and shift): the kind declares them with their defaults
+    # (its ``Options`` dataclass, docs/layout.md "Adding a method"), which fill in what is not set here; its method
+    # YAML lists them, so ``model.norm_options.NAME=V`` overrides one. A name the kind lacks is refused
+    norm_options: dict[str, Any] = field(default_factory=dict)
     dropout: float = 0.3  # dropout on embeddings, residual branches
     attention_dropout: float = 0.1  # dropout on attention probabilities
     activation_dropout: float = 0.1  # dropout after the FFN ReLU
@@ -42,7 +46,8 @@ class ModelConfig:
     # non-LLM models; its issues #6 and #18: alpha init and lr matter); other kinds ignore it
     dyt_alpha: float = 0.5
     # norm=rezero: one resweight per layer, shared by its sublayers, as majumderb/rezero's rztx.py layers hold it;
-    # false: one per sublayer. Other kinds ignore it
+    # false: one per sublayer. Other kinds ignore it. (dyt_alpha and rezero_shared predate norm_options: published
+    # commands and checkpoints name them, so they stay fields)
     rezero_shared: bool = True
 
     def __post_init__(self) -> None:
@@ -53,6 +58,7 @@ class ModelConfig:
             f"model.d_model={self.d_model} must be divisible by model.heads={self.heads}",
         )
         require(self.norm in RESIDUALS, f"model.norm={self.norm!r}: use one of {tuple(RESIDUALS)}")
+        self.norm_options = resolve_options(self.norm, self.norm_options)
         require(self.dyt_alpha > 0, f"model.dyt_alpha={self.dyt_alpha} must be positive")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
@@ -62,9 +68,9 @@ class ModelConfig:
     def from_fields(cls, fields: ModelConfig | Mapping[str, Any]) -> ModelConfig:
         """The config of a checkpoint's ``config["model"]`` (a plain dict), or ``fields`` itself if typed.
 
-        A field the dict lacks was added after the checkpoint was written (``dyt_alpha``, ``rezero_shared``):
-        its default is what the code of that time built, so the old model is rebuilt as it was. A field the
-        schema lacks is refused by name.
+        A field the dict lacks was added after the checkpoint was written (``dyt_alpha``, ``rezero_shared``,
+        ``norm_options``): its default is what the code of that time built, so the old model is rebuilt as it was.
+        A field the schema lacks is refused by name.
         """
         if isinstance(fields, ModelConfig):
             return fields

@@ -15,14 +15,19 @@ Every kind wraps a sublayer ``f`` (attention or FFN) with dropout on its output:
 - ``fixup``: x + scale * f(x - shift), no LayerNorm, a learnable scalar bias and multiplier per
   sublayer (Zhang et al. 2019, as its authors' fairseq code applies it to the Transformer).
 
+The kinds added since live one file each in ``tfx/model/kinds/`` (Derf), which ``tfx.model`` imports whole.
+
 ``make_residual(cfg, at)`` builds one per sublayer from the model's ``ModelConfig`` and a ``ResidualContext``
 (where the connection sits: side, layer, both stack depths, width and dropout). A kind is registered by
 ``@residual_kind(NAME)`` on its own class, which adds it to ``RESIDUALS`` (what ``model.norm`` may be); a kind
 outside tfx registers the same way from a module named in the config's ``plugins``. A kind's own settings are
-``ModelConfig`` fields it names in ``options`` (DyT's ``dyt_alpha``): its constructor takes them as keyword
-arguments, read from the config by ``make_residual`` and from nowhere else. A kind's stack-final module is
-``final_module`` (a LayerNorm for Pre-LN); a kind whose sublayers share state within one layer (ReZero) ties it
-in ``share_within_layer``.
+declared by the kind, as the fields (with defaults) of its ``Options`` dataclass; the config carries them as
+``model.norm_options`` (checked against ``Options`` and filled with its defaults by ``ModelConfig``), so a kind
+with a setting needs no ``ModelConfig`` field. Its constructor and ``final_module`` take each as a keyword
+argument, read from the config by ``make_residual`` and from nowhere else. DyT's ``dyt_alpha`` and ReZero's
+``rezero_shared`` predate ``norm_options`` and stay ``ModelConfig`` fields (commands and checkpoints name them):
+those two kinds name them in ``config_fields``. A kind's stack-final module is ``final_module`` (a LayerNorm for
+Pre-LN); a kind whose sublayers share state within one layer (ReZero) ties it in ``share_within_layer``.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ class ResidualContext:
     """Where one residual connection sits in the model: what a kind may scale or tie by.
 
     DeepNorm's skip weight reads the side and both depths; a depth-scaled kind (T-Fixup-style) would read
-    ``layer`` too. A kind's own settings are not here: they are ``ModelConfig`` fields named in its ``options``.
+    ``layer`` too. A kind's own settings are not here: they are its ``Options`` (``model.norm_options``).
     """
 
     side: Side
@@ -73,9 +78,12 @@ class ResidualContext:
 class Residual(nn.Module):
     """x + dropout(f(x)) with no LayerNorm; the base of every kind."""
 
-    # the ``ModelConfig`` fields this kind reads: keyword arguments of its constructor and ``final_module``,
-    # which ``make_residual`` and ``final_norm`` read from the config (and only for the kind that names them)
-    options: ClassVar[tuple[str, ...]] = ()
+    # this kind's own settings: a dataclass whose fields, each with its default, are what ``model.norm_options``
+    # may set (``tfx.model.registry.resolve_options`` checks and fills them); None: it has none
+    Options: ClassVar[type | None] = None
+    # the ``ModelConfig`` fields this kind reads (``dyt_alpha``, ``rezero_shared``: settings from before
+    # ``norm_options``; a new kind declares ``Options`` instead)
+    config_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, at: ResidualContext) -> None:
         super().__init__()
@@ -87,7 +95,7 @@ class Residual(nn.Module):
     @classmethod
     def final_module(cls, at: ResidualContext, **options: Any) -> nn.Module:
         """What each stack applies to its last layer's output (``at.layer`` is the stack's depth): nothing here;
-        a LayerNorm for Pre-LN. ``options``: the kind's ``options`` from the config, as its constructor gets."""
+        a LayerNorm for Pre-LN. ``options``: the kind's settings from the config, as its constructor gets them."""
         return nn.Identity()
 
     @classmethod
@@ -176,7 +184,7 @@ class DyT(Residual):
     """x + dropout(f(DyT(x))): Pre-LN with DyT where each LayerNorm was, the stack-final one too, as the
     reference's ``convert_ln_to_dyt`` turns a Pre-LN model into its DyT model."""
 
-    options = ("dyt_alpha",)
+    config_fields = ("dyt_alpha",)
 
     def __init__(self, at: ResidualContext, *, dyt_alpha: float) -> None:
         super().__init__(at)
@@ -200,7 +208,7 @@ class ReZero(Residual):
     ``share_within_layer`` makes this layer's blocks hold that one Parameter; without, each sublayer keeps its own.
     """
 
-    options = ("rezero_shared",)
+    config_fields = ("rezero_shared",)
 
     def __init__(self, at: ResidualContext, *, rezero_shared: bool) -> None:
         super().__init__(at)
@@ -259,11 +267,12 @@ def residual_class(kind: str) -> type[Residual]:
 
 
 def kind_options(cls: type[Residual], cfg: ModelConfig) -> dict[str, Any]:
-    """The config fields ``cls`` names in its ``options`` (DyT's ``dyt_alpha``), read from ``cfg``; the other
-    kinds' options are not its business."""
-    if missing := [name for name in cls.options if not hasattr(cfg, name)]:
+    """The settings ``cls`` is built with, read from ``cfg``: the fields it names in ``config_fields`` (DyT's
+    ``dyt_alpha``) and ``cfg.norm_options``, which ``ModelConfig`` checked against ``cfg.norm``'s ``Options``
+    (so they are ``cls``'s when ``cls`` is that kind). The other kinds' settings are not its business."""
+    if missing := [name for name in cls.config_fields if not hasattr(cfg, name)]:
         raise TypeError(f"residual kind {cls.__name__} reads {missing}, which ModelConfig does not have")
-    return {name: getattr(cfg, name) for name in cls.options}
+    return {name: getattr(cfg, name) for name in cls.config_fields} | cfg.norm_options
 
 
 def make_residual(cfg: ModelConfig, at: ResidualContext) -> Residual:
