@@ -94,7 +94,7 @@ def test_method_trains_a_few_updates(tmp_path: Path, method: str) -> None:
     assert sum(losses[-4:]) / 4 < 0.9 * sum(losses[:4]) / 4
 
 
-NORMALIZATION_FREE = ["dyt", "rezero", "fixup"]  # issue 51's methods (docs/methods.md)
+NORMALIZATION_FREE = ["dyt", "rezero", "fixup", "derf"]  # issue 51's methods and issue 65's Derf (docs/methods.md)
 
 
 def toy_method_cfg(tmp_path: Path, method: str, *overrides: str) -> Config:

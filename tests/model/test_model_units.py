@@ -47,7 +47,7 @@ def test_growing_cache_appends_doubles_and_reorders_the_valid_part() -> None:
 
 
 def test_refusals_name_the_setting() -> None:
-    kinds = r"\['admin', 'deepnorm', 'dyt', 'fixup', 'none', 'post', 'pre', 'rezero'\]"
+    kinds = r"\['admin', 'deepnorm', 'derf', 'dyt', 'fixup', 'none', 'post', 'pre', 'rezero'\]"
     with pytest.raises(ValueError, match=rf"^model\.norm='mid': use one of {kinds}$"):
         residual_class("mid")
     with pytest.raises(ValueError, match=r"^d_model=30 must be divisible by heads=4$"):
