@@ -1,5 +1,6 @@
 """scripts/studies/depth_map.py: the plan it prints, a study end to end on a stand-in trainer (retries, stage 2 from the
-recorded stage 1, resume, --replot), and one real tiny run on toy data (slow)."""
+recorded stage 1, resume, --replot), and one real tiny run on toy data (slow). Only the slow test builds a model (fp32,
+CPU, one thread); the others run a stand-in or nothing, so no precision or device is involved."""
 
 from __future__ import annotations
 
