@@ -136,6 +136,7 @@ def test_nn_transformer_keeps_every_name_and_loses_every_layernorm() -> None:
     assert model_out is model and norms_left(model) == []
     assert {n.name for n in report.norms} == set(norms) and len(norms) == 2 * 2 + 3 * 3 + 2
     assert all(isinstance(model.get_submodule(n), RemovedNorm) for n in norms)
+    assert {n.now for n in report.norms} == {"removed (identity)"} and "LayerNorm((16,)" in report.norms[0].was
     assert {n for n, _ in model.named_parameters()} == {n for n in before if not n.startswith(tuple(norms))}
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from tfx.conversion.methods import method_named
+from tfx.conversion.methods import RemovedNorm, method_named
 from tfx.conversion.report import ConversionReport, NormChange, StackSummary
 from tfx.conversion.structure import Block, Structure, find_structure
 from tfx.conversion.weights import init_base, layer_factor, scale_depth
@@ -22,7 +22,9 @@ def replace_norms(model: nn.Module, names: list[str], method: str) -> list[NormC
         parent, norm = model.get_submodule(parent_name), model.get_submodule(name)
         new = replace(norm)
         setattr(parent, child, new)
-        changes.append(NormChange(name, repr(norm), repr(new)))
+        changes.append(
+            NormChange(name, repr(norm), "removed (identity)" if isinstance(new, RemovedNorm) else repr(new))
+        )
     return changes
 
 
