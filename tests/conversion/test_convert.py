@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from tfx import convert
 from tfx.conversion import METHODS, Block, Method, RemovedNorm, register_method
 from tfx.init.tfixup import tfixup_decoder_scale, tfixup_embedding_scale, tfixup_encoder_scale
+from tfx.model.kinds.derf import DynamicErf
 from tfx.model.residual import DynamicTanh
 
 D, HEADS = 16, 4
@@ -255,7 +256,7 @@ def test_a_described_custom_block_is_converted_with_its_packed_value_rows() -> N
 @pytest.mark.parametrize(
     ("build", "kwargs", "message"),
     [
-        (lambda: encoder(2), {"method": "adamw"}, r"method='adamw': use one of \['dyt', 'tfixup'"),
+        (lambda: encoder(2), {"method": "adamw"}, r"method='adamw': use one of \['derf', 'dyt', 'tfixup'"),
         (lambda: encoder(2), {"method": "rezero"}, "scalar inside every residual branch"),
         (lambda: encoder(2), {"method": "fixup"}, "use tfx's own model with method=fixup"),
         (lambda: nn.Sequential(nn.Linear(D, D), nn.LayerNorm(D)), {}, "found no nn.TransformerEncoderLayer"),
@@ -286,13 +287,14 @@ def test_embeddings_can_be_named_when_the_default_rule_cannot_tell() -> None:
     assert (report.factor("a.weight"), report.factor("b.weight")) == ((9 * 2) ** -0.25, (9 * 4) ** -0.25)
 
 
-def test_dyt_replaces_every_norm_and_keeps_the_xavier_base_unscaled() -> None:
+@pytest.mark.parametrize(("method", "kind"), [("dyt", DynamicTanh), ("derf", DynamicErf)])
+def test_dyt_and_derf_replace_every_norm_and_keep_the_xavier_base_unscaled(method: str, kind: type) -> None:
     model = nn.Transformer(D, HEADS, 2, 2, 2 * D, dropout=0.0, batch_first=True, norm_first=True).eval()
-    _, report = convert(model, "dyt")
+    _, report = convert(model, method)
     assert norms_left(model) == [] and len(report.norms) == 2 * 2 + 2 * 3 + 2
-    assert all(isinstance(model.get_submodule(n.name), DynamicTanh) for n in report.norms)
+    assert all(isinstance(model.get_submodule(n.name), kind) for n in report.norms)
     assert {p.factor for p in report.parameters} == {1.0} and {s.layer_factor for s in report.stacks} == {1.0}
-    assert "encoder.layers.0.norm1.alpha" in dict(model.named_parameters())
+    assert model.encoder.layers[0].norm1.alpha.item() == 0.5
     with torch.no_grad():
         assert model(torch.randn(2, 5, D), torch.randn(2, 4, D)).isfinite().all()
 

@@ -76,12 +76,13 @@ def convert(
 ) -> tuple[nn.Module, ConversionReport]:
     """Convert ``model`` in place and return it with a report of every parameter and norm changed.
 
-    ``method``: ``"tfixup"`` (norms removed, T-Fixup init), ``"dyt"`` (DyT where each norm was, Xavier), or one
-    registered with ``tfx.conversion.register_method``. ``blocks``: ``Block`` descriptions of layers that are not
-    torch's ``nn.TransformerEncoderLayer``/``nn.TransformerDecoderLayer``. ``embeddings``: token embedding name ->
-    ``"encoder"``/``"decoder"`` (or a stack's name), replacing the default rule (docs/convert.md). ``extra_norms``:
-    norms outside the layers to remove too (glob patterns, e.g. a final ``"ln_f"``). ``seed``: ``torch.manual_seed``
-    before the draws, as ``tfx.init.apply_init`` does (None: the global generator as it is).
+    - ``method``: ``"tfixup"`` (norms removed, T-Fixup init), ``"dyt"``/``"derf"`` (DyT/Derf where each norm
+      was, Xavier), or one registered with ``tfx.conversion.register_method``;
+    - ``blocks``: ``Block`` descriptions of layers that are not torch's ``nn.TransformerEncoderLayer``/``DecoderLayer``;
+    - ``embeddings``: token embedding name -> ``"encoder"``/``"decoder"`` (or a stack's name), replacing the default
+      rule (docs/convert.md);
+    - ``extra_norms``: norms outside the layers to remove too (glob patterns, e.g. a final ``"ln_f"``);
+    - ``seed``: ``torch.manual_seed`` before the draws, as ``tfx.init.apply_init`` does (None: the global generator).
 
     Everything is checked before anything changes: a model it cannot account for raises ``ValueError`` untouched.
     """

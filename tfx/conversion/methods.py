@@ -1,9 +1,10 @@
 """What ``convert(model, method=NAME)`` does to the norms and weights: one ``Method`` record per name.
 
 A method is a norm replacement (what stands where each LayerNorm was) and whether T-Fixup's depth factors follow
-the Xavier base. ``tfixup`` removes every norm and scales; ``dyt`` puts DyT (Zhu et al. 2025) where each norm was,
-on the Xavier base, as tfx's ``method=dyt`` initialises. Another replacement (e.g. Derf) is one
-``register_method(Method(...))`` in its own module; nothing here lists it.
+the Xavier base. ``tfixup`` removes every norm and scales; ``dyt`` puts DyT (Zhu et al. 2025) and ``derf`` Derf
+(Chen et al. 2025) where each norm was, on the Xavier base, as tfx's ``method=dyt``/``method=derf`` initialise, with
+the modules and initial alpha (and shift) of tfx's own kinds. Another replacement is one
+``register_method(Method(...))`` in a module of its own.
 
 Fixup and ReZero are refused, not approximated: both put a learnable scalar *inside* each residual branch
 (x + a * f(x), Fixup also x - b before f), and ``nn.TransformerEncoderLayer.forward`` adds its residual itself,
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from tfx.model.kinds.derf import DerfOptions, DynamicErf
 from tfx.model.residual import DynamicTanh
 
 NormReplacement = Callable[[nn.Module], nn.Module]  # the norm being replaced -> what stands in its place
@@ -95,9 +97,18 @@ def dyt_norm(norm: nn.Module) -> nn.Module:
     return DynamicTanh(norm_width(norm), DYT_ALPHA)
 
 
+def derf_norm(norm: nn.Module) -> nn.Module:
+    """Derf at tfx's ``model.norm_options`` defaults (the reference ViT's alpha 0.5, shift 0)."""
+    options = DerfOptions()
+    return DynamicErf(norm_width(norm), options.alpha, options.shift)
+
+
 TFIXUP = register_method(
     Method("tfixup", remove_norm, True, "no norms; Xavier, embeddings N(0, d^-1/2), T-Fixup's depth factors")
 )
 DYT = register_method(
     Method("dyt", dyt_norm, False, f"DyT(alpha={DYT_ALPHA}) where each norm was; Xavier, embeddings N(0, d^-1/2)")
+)
+DERF = register_method(
+    Method("derf", derf_norm, False, "Derf(alpha=0.5, shift=0) where each norm was; Xavier, embeddings N(0, d^-1/2)")
 )
