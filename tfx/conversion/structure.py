@@ -3,9 +3,10 @@
 Two sources of layers. ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` are recognised by type
 (any ``batch_first`` / ``norm_first``), and the layers sharing one parent form a stack (``nn.TransformerEncoder``
 holds them in ``.layers``; its ``.norm`` is the stack's final norm). Any other layer is described by a ``Block``
-of glob patterns. Nothing is guessed beyond that: a norm outside every described layer, or a model with no stack,
-is refused by name (``ConversionError``), so a conversion never silently leaves a LayerNorm in or scales the
-wrong weight.
+of glob patterns. Beyond that only the token embeddings follow a default rule (by name, ``default_embedding_stack``),
+and where it cannot tell, the model is refused, as it is for a norm outside every described layer or for no stack
+at all (``ConversionError``, naming what): a conversion never silently leaves a LayerNorm in or scales the wrong
+weight.
 """
 
 from __future__ import annotations
@@ -109,7 +110,6 @@ class Structure:
     norms: list[str]  # every norm to remove or replace
     chunked: dict[str, int]  # Linear module name -> row chunks to Xavier-initialise separately
     embeddings: dict[str, Stack]  # token embedding name -> the stack it feeds
-    positions: list[str]  # nn.Embedding modules taken for position tables (left as they are)
 
 
 def join(prefix: str, name: str) -> str:
@@ -260,15 +260,13 @@ def default_embedding_stack(name: str, stacks: list[Stack], n_tables: int) -> St
     return candidates[0] if len(candidates) == 1 else None
 
 
-def find_embeddings(
-    model: nn.Module, stacks: list[Stack], named: dict[str, str] | None
-) -> tuple[dict[str, Stack], list[str]]:
+def find_embeddings(model: nn.Module, stacks: list[Stack], named: dict[str, str] | None) -> dict[str, Stack]:
     """Token embeddings and the stack each feeds; tables named like positions (``pos``) are left out by default."""
     tables = {n: m for n, m in model.named_modules() if isinstance(m, nn.Embedding)}
     if named is not None:
         if missing := [n for n in named if n not in tables]:
             raise ConversionError(f"embeddings= names {missing}, which are not nn.Embedding modules of the model")
-        return {n: _stack_for(n, w, stacks) for n, w in named.items()}, [n for n in tables if n not in named]
+        return {n: _stack_for(n, w, stacks) for n, w in named.items()}
     positions = [n for n in tables if "pos" in n.rpartition(".")[2].lower()]
     tokens = [n for n in tables if n not in positions]
     found = {n: default_embedding_stack(n, stacks, len(tokens)) for n in tokens}
@@ -276,7 +274,7 @@ def find_embeddings(
         raise ConversionError(
             f"cannot tell which stack embedding(s) {unresolved} feed; pass embeddings={{name: 'encoder' or 'decoder'}}"
         )
-    return {n: s for n, s in found.items() if s is not None}, positions
+    return {n: s for n, s in found.items() if s is not None}
 
 
 def find_structure(
@@ -293,5 +291,4 @@ def find_structure(
         )
     _check_disjoint(stacks)
     norms = accounted_norms(model, stacks, extra_norms)
-    tokens, positions = find_embeddings(model, stacks, embeddings)
-    return Structure(stacks, norms, chunked, tokens, positions)
+    return Structure(stacks, norms, chunked, find_embeddings(model, stacks, embeddings))
