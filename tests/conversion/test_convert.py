@@ -281,6 +281,20 @@ def test_what_it_cannot_account_for_is_refused_in_one_line_and_left_untouched(bu
     assert after.keys() == before.keys() and all(torch.equal(after[n], w) for n, w in before.items())
 
 
+@pytest.mark.parametrize(
+    "depths",  # each table -> the depth N of the stack it should feed (encoder 2, decoder 4)
+    [
+        {"src_embed": 2, "tgt_embed": 4},  # by name
+        {"shared": 2},  # one table for both sides: the encoder's, as tfx's shared embeddings
+        {"tgt_tokens": 4},  # one table named for the target (a source of continuous inputs)
+    ],
+)
+def test_the_default_embedding_rule(depths: dict[str, int]) -> None:
+    model = nn.ModuleDict({name: nn.Embedding(9, D) for name in depths} | {"t": nn.Transformer(D, HEADS, 2, 4)})
+    _, report = convert(model)
+    assert {n: report.factor(f"{n}.weight") for n in depths} == {n: (9 * N) ** -0.25 for n, N in depths.items()}
+
+
 def test_embeddings_can_be_named_when_the_default_rule_cannot_tell() -> None:
     model = nn.ModuleDict({"a": nn.Embedding(9, D), "b": nn.Embedding(9, D), "t": nn.Transformer(D, HEADS, 2, 4)})
     _, report = convert(model, embeddings={"a": "encoder", "b": "t.decoder"})

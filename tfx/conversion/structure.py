@@ -248,14 +248,16 @@ def _stack_for(model_name: str, where: str, stacks: list[Stack]) -> Stack:
 
 def default_embedding_stack(name: str, stacks: list[Stack], n_tables: int) -> Stack | None:
     """The rule without ``embeddings=``: one side present -> its stack; both -> by name (src/enc/source: encoder,
-    tgt/trg/dec/target: decoder); a single table with both sides present is shared -> the encoder's (as tfx)."""
+    tgt/trg/dec/target: decoder), else a single table is shared -> the encoder's (as tfx)."""
     sides = {s.side for s in stacks}
     words = name.lower().replace("_", ".").split(".")
     if len(sides) == 2:
-        if any(w.startswith(SOURCE_WORDS) for w in words) or n_tables == 1:
+        if any(w.startswith(SOURCE_WORDS) for w in words):
             sides = {"encoder"}
         elif any(w.startswith(TARGET_WORDS) for w in words):
             sides = {"decoder"}
+        elif n_tables == 1:
+            sides = {"encoder"}
     candidates = [s for s in stacks if s.side in sides]
     return candidates[0] if len(candidates) == 1 else None
 
