@@ -33,6 +33,9 @@ import torch
 
 MIN_LOSS_SCALE = 1e-4  # fairseq's default --min-loss-scale: overflowing below it means the gradients are inf
 CPU_BF16_ENV = "TFX_CPU_NATIVE_BF16"  # 1 / 0: what ``auto`` takes the CPU's bf16 support to be
+# a file each process appends a line to when it asks the CPU's bf16 answer: tests/conftest.py learns which tests
+# depend on it, the only ones CI's pass with the other answer runs (tests/precision_auto_tests.txt)
+CPU_BF16_TRACE_ENV = "TFX_TRACE_CPU_BF16"
 
 
 class PrecisionError(ValueError):
@@ -41,6 +44,9 @@ class PrecisionError(ValueError):
 
 def cpu_has_native_bf16() -> bool:
     """Whether the CPU runs bf16 matmuls natively (AVX512-BF16/AMX), unless ``TFX_CPU_NATIVE_BF16`` says."""
+    if trace := os.environ.get(CPU_BF16_TRACE_ENV):
+        with open(trace, "a") as asked:
+            asked.write(f"{os.getpid()}\n")
     forced = os.environ.get(CPU_BF16_ENV)
     if forced is None or forced == "":
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
