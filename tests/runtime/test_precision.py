@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from tfx.optim.loss import label_smoothed_loss
 from tfx.optim.optimizers import build_optimizer
 from tfx.runtime.precision import (
     CPU_BF16_ENV,
+    CPU_BF16_TRACE_ENV,
     MIN_LOSS_SCALE,
     Precision,
     PrecisionError,
@@ -203,3 +205,14 @@ def test_fp16_resume_restores_the_loss_scale(tmp_path: Path, monkeypatch: pytest
         on_update=lambda trainer, metrics: scales.append(metrics["train/loss_scale"]),
     )
     assert resumed["step"] == 8 and scales == [INIT_SCALE / 2**OVERFLOWS] * 4  # not back at 65536
+
+
+def test_asking_the_cpus_answer_is_traced_for_ci(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI's flipped pass runs the tests whose runs ask the CPU's bf16 answer (tests/precision_auto_tests.txt): each
+    ask appends a line to the trace file, a pinned precision asks nothing (CPU, fp32 and auto)."""
+    trace = tmp_path / "trace"
+    monkeypatch.setenv(CPU_BF16_TRACE_ENV, str(trace))
+    assert not use_bf16("fp32", CPU) and not trace.exists()
+    use_bf16("auto", CPU)
+    use_bf16("auto", CPU)
+    assert trace.read_text().splitlines() == [str(os.getpid())] * 2
