@@ -109,8 +109,8 @@ def toy_method_cfg(tmp_path: Path, method: str, *overrides: str) -> Config:
 @pytest.mark.long
 @pytest.mark.fixed_precision
 @pytest.mark.parametrize(
-    "method",  # CI's first pass runs two of them, its second the rest and every 100+100 run (.ci/run)
-    [pytest.param(m, marks=pytest.mark.ci_first_pass) if m in ("dyt", "rezero") else m for m in NORMALIZATION_FREE],
+    "method",  # CI's first pass runs DyT's, its second the rest and every 100+100 run (.ci/run)
+    [pytest.param(m, marks=pytest.mark.ci_first_pass) if m == "dyt" else m for m in NORMALIZATION_FREE],
 )
 def test_method_learns_the_toy_task(tmp_path: Path, method: str) -> None:
     """The default toy run (2+2 layers, d 64, 1200 updates, greedy valid BLEU) reaches valid BLEU >= 90, as the
@@ -125,12 +125,12 @@ def test_method_learns_the_toy_task(tmp_path: Path, method: str) -> None:
 @pytest.mark.parametrize("method", NORMALIZATION_FREE)
 def test_method_trains_100_plus_100_layers(tmp_path: Path, method: str) -> None:
     """100 + 100 layers at d 32 (FFN 64), 150 toy updates with a 100-update warmup: every loss finite and the
-    last ten below the first ten (not diverging). Small batches and one short validation: what costs is the 200
-    layers, about 90 s each on one CPU thread."""
+    last ten below the first ten (not diverging). Small batches (128 tokens: the cost is the 200 layers' per-op
+    overhead, and 256 took 20 % longer) and one short validation: 100-190 s each on one busy CPU thread."""
     cfg = toy_method_cfg(
         tmp_path, method, "model.encoder_layers=100", "model.decoder_layers=100", "model.d_model=32",
         "model.ffn_dim=64", "train.max_updates=150", "optim.warmup_updates=100", "train.validate_every_updates=0",
-        "train.layer_stats_every_updates=50", "data.max_tokens=256", "data.toy_train_size=4000",
+        "train.layer_stats_every_updates=50", "data.max_tokens=128", "data.toy_train_size=4000",
         "train.valid_max_sentences=4",
     )  # fmt: skip
     losses = train(cfg, tmp_path / "run")["losses"]
