@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from tfx.conversion import convert
 from tfx.files.atomic import atomic_open
+from tfx.model.transformer import sinusoidal_table
 
 
 @dataclass(frozen=True)
@@ -117,14 +118,6 @@ def sort_batch(batch: int, length: int, symbols: int, g: torch.Generator) -> tup
     return x, x.sort(dim=1).values
 
 
-def sinusoids(positions: int, d: int) -> Tensor:
-    """Vaswani et al.'s fixed positions (sin in the first half of the channels, cos in the second, as fairseq)."""
-    half = d // 2
-    freq = torch.exp(torch.arange(half) * -(math.log(10000.0) / (half - 1)))
-    angles = torch.arange(positions)[:, None] * freq[None]
-    return torch.cat([angles.sin(), angles.cos()], dim=1)  # (P, D)
-
-
 class SortEncoder(nn.Module):
     """Token embedding x sqrt(d) + fixed positions -> ``nn.TransformerEncoder`` -> a linear head per position."""
 
@@ -134,7 +127,7 @@ class SortEncoder(nn.Module):
         self.scale = math.sqrt(d)
         self.embed = nn.Embedding(cfg.symbols, d)
         nn.init.normal_(self.embed.weight, std=d**-0.5)  # fairseq's table; T-Fixup's conversion redraws it anyway
-        self.register_buffer("positions", sinusoids(cfg.length, d), persistent=False)
+        self.register_buffer("positions", sinusoidal_table(cfg.length, d), persistent=False)
         layer = nn.TransformerEncoderLayer(d, cfg.heads, 2 * d, 0.0, batch_first=True, norm_first=norm_first)
         final = nn.LayerNorm(d) if norm_first else None  # Pre-LN's stream is unnormalised until this one
         self.encoder = nn.TransformerEncoder(layer, depth, norm=final, enable_nested_tensor=False)
