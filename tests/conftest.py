@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -37,9 +38,10 @@ _AUTO_TRACE: list[Path] = []  # the session's trace file (CPU_BF16_TRACE_ENV), s
 _ASKED_UNLISTED: list[str] = []
 
 
-def listed_auto_tests() -> set[str]:
+@functools.cache
+def listed_auto_tests() -> frozenset[str]:
     lines = AUTO_TESTS.read_text().splitlines() if AUTO_TESTS.exists() else []
-    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

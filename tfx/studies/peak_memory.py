@@ -21,6 +21,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tfx.reporting.metrics_log import read_metrics
+
 
 def run_measured(record: Path, cmd: Sequence[str]) -> int:
     """Run ``cmd`` to its end, append ``{"max_rss_mb", "wall_seconds", "returncode"}`` to ``record``; its exit code."""
@@ -47,15 +49,7 @@ def run_measured(record: Path, cmd: Sequence[str]) -> int:
 
 def sessions(record: Path) -> list[dict[str, Any]]:
     """The sessions ``record`` holds, in order (none when it does not exist; a torn last line is skipped)."""
-    if not record.is_file():
-        return []
-    out = []
-    for line in record.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    return read_metrics(record) if record.is_file() else []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
