@@ -124,17 +124,18 @@ def test_method_learns_the_toy_task(tmp_path: Path, method: str) -> None:
 @pytest.mark.fixed_precision
 @pytest.mark.parametrize("method", NORMALIZATION_FREE)
 def test_method_trains_100_plus_100_layers(tmp_path: Path, method: str) -> None:
-    """100 + 100 layers at d 32 (FFN 64), 150 toy updates with a 100-update warmup: every loss finite and the
-    last ten below the first ten (not diverging). Small batches (128 tokens: the cost is the 200 layers' per-op
-    overhead, and 256 took 20 % longer) and one short validation: 100-190 s each on one busy CPU thread."""
+    """100 + 100 layers at d 32 (FFN 64), 80 toy updates with a 50-update warmup (30 at the peak lr, where a deep
+    stack that is not stable diverges): every loss finite and the last ten below the first ten. Small batches (128
+    tokens: the cost is the 200 layers' per-op overhead, and 256 took 20 % longer) and one short validation. At 150
+    updates (100 of warmup) the four took 100-190 s each on one busy CPU thread, the most of CI's second pass."""
     cfg = toy_method_cfg(
         tmp_path, method, "model.encoder_layers=100", "model.decoder_layers=100", "model.d_model=32",
-        "model.ffn_dim=64", "train.max_updates=150", "optim.warmup_updates=100", "train.validate_every_updates=0",
+        "model.ffn_dim=64", "train.max_updates=80", "optim.warmup_updates=50", "train.validate_every_updates=0",
         "train.layer_stats_every_updates=50", "data.max_tokens=128", "data.toy_train_size=4000",
         "train.valid_max_sentences=4",
     )  # fmt: skip
     losses = train(cfg, tmp_path / "run")["losses"]
-    assert len(losses) == 150 and all(math.isfinite(v) for v in losses)
+    assert len(losses) == 80 and all(math.isfinite(v) for v in losses)
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
 
 

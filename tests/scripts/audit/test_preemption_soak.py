@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_three_interruptions_end_identical_to_the_uninterrupted_run(tmp_path: Path) -> None:
     script = REPO / "scripts" / "audit" / "preemption_soak.py"
     cmd = [sys.executable, str(script), str(tmp_path), "--interruptions", "3", "--max-updates", "120", "--seed", "2"]

@@ -9,6 +9,7 @@ from tests.conftest import load_script
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.fixed_precision
 def test_rows_count_the_graphs_each_scope_compiles(capsys: pytest.CaptureFixture) -> None:
     bench = load_script("bench/bench_compile")

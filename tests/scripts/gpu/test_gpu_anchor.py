@@ -1,6 +1,6 @@
-"""scripts/gpu/gpu_anchor.sh on CPU (--cpu-dry-run: a tiny model on 400 pretokenized Multi30k sentences, fp32): the 7
-runs start at once, T-Fixup's later seeds follow at the lr best on valid, every run is scored on the five sets, and
-the same command again resumes what a box stopped and trains nothing that ended."""
+"""scripts/gpu/gpu_anchor.sh on CPU (--cpu-dry-run: a tiny model on 400 pretokenized Multi30k sentences, fp32): the
+first runs start at once, T-Fixup's later seed follows at the lr best on valid, every run is scored on the five
+sets, and the same command again resumes what a box stopped and trains nothing that ended."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ from tests.conftest import REPO
 from tfx.studies.anchor_report import HEADER, best_lr
 
 SCRIPT = REPO / "scripts" / "gpu" / "gpu_anchor.sh"
-FIRST = ["postln_lr0.005_seed1", "postln_lr0.005_seed2", "postln_lr0.005_seed3", "tfixup_lr0.0005_seed1",
-         "tfixup_lr0.001_seed1", "tfixup_lr0.002_seed1", "tfixup_lr0.005_seed1"]  # fmt: skip
+# Fewer runs than the GPU window's 7 + 2 (the same code paths at a third of CI's cost: 146 s for all nine,
+# 2026-12-07): Post-LN one seed, T-Fixup's probe at two lrs, then its later seed at the one better on valid.
+SUBSET = {"POSTLN_SEEDS": "1", "TFIXUP_LRS": "5e-4 5e-3", "TFIXUP_SEEDS": "2"}
+FIRST = ["postln_lr0.005_seed1", "tfixup_lr0.0005_seed1", "tfixup_lr0.005_seed1"]
 
 
 def _dry_run(out: Path, study: Path, data: Path, box: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "T_BOX": str(box), "STUDY_DIR": str(study), "DATA_DIR": str(data)}
+    env = {**os.environ, **SUBSET, "OMP_NUM_THREADS": "1", "T_BOX": str(box), "STUDY_DIR": str(study),
+           "DATA_DIR": str(data)}  # fmt: skip
     return subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", str(out)], capture_output=True, text=True, env=env,
                           timeout=600)  # fmt: skip
 
@@ -35,6 +38,7 @@ def _status(study: Path, name: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.fixed_precision
 def test_a_stopped_box_resumes_and_the_table_fills_with_every_run_scored(shared_data: Path, tmp_path: Path) -> None:
     out, study, data = tmp_path / "out", tmp_path / "study", shared_data / "multi30k"
@@ -55,7 +59,7 @@ def test_a_stopped_box_resumes_and_the_table_fills_with_every_run_scored(shared_
     assert "Ended after" in report and "every run ended and is scored." in report
     lr, why = best_lr(study, "tfixup")
     assert lr is not None, why
-    later = [f"tfixup_lr{lr:g}_seed{seed}" for seed in (2, 3)]
+    later = [f"tfixup_lr{lr:g}_seed2"]
     rows = _rows(report)
     assert list(rows)[:2] == ["run", "anchor: Wu et al. 2021 (fairseq, 2 GPUs)"]  # the header, the anchor
     assert sorted(list(rows)[2:]) == sorted([*FIRST, *later])

@@ -18,6 +18,7 @@ STEPS = ("throughput_4k", "throughput_32k", "deep_bench", "deep_width_fp32", "de
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.fixed_precision
 def test_cpu_dry_run_runs_every_step_and_writes_the_report(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
