@@ -145,7 +145,7 @@ evaluate() {
 
 report() {  # OUT/report.md from the study folder as it stands now
     local table
-    table="$("${py}" -m tfx.studies.anchor_report "${study}" 2> "${out}/logs/report.err")" \
+    table="$("${py}" -m tfx.studies.anchor_report "${study}" --refs "${tok}" 2> "${out}/logs/report.err")" \
         || table="(the table failed: $(tail -n 1 "${out}/logs/report.err"))"
     {
         echo "# tfx published anchor: Multi30k En->De Transformer-tiny, one GPU window" \

@@ -175,7 +175,8 @@ def score_all(
 
 @dataclass(frozen=True)
 class PairedResult:
-    """A system against the baseline on the same sentences (sacreBLEU, 13a): Koehn's paired bootstrap."""
+    """A system against the baseline on the same sentences (sacreBLEU 13a, or tokenized BLEU): Koehn's paired
+    bootstrap."""
 
     baseline: float  # the baseline's BLEU
     score: float  # the system's BLEU
@@ -185,15 +186,23 @@ class PairedResult:
 
 
 def paired_bootstrap(
-    baseline: Sequence[str], systems: Mapping[str, Sequence[str]], refs: Sequence[str], n_samples: int = 1000
+    baseline: Sequence[str],
+    systems: Mapping[str, Sequence[str]],
+    refs: Sequence[str],
+    n_samples: int = 1000,
+    tokenized: bool = False,
 ) -> dict[str, PairedResult]:
     """Each of ``systems`` against ``baseline``, all line-aligned with ``refs``: sacrebleu's paired bootstrap
     resampling (Koehn 2004; the Moses script's test), fixed seed, so a report rewritten gives the same p-values.
-    It measures the test set's sampling noise only: one training run per system says nothing of seeds."""
+    It measures the test set's sampling noise only: one training run per system says nothing of seeds.
+
+    ``tokenized``: hypotheses and references are tokenized already (a ``data.tokenized`` run on its own text), and
+    the test is on ``tokenized_bleu``'s metric for them (``tok:none``, lowercased) instead of sacreBLEU's 13a."""
     for hyps in (baseline, *systems.values()):
         _check(hyps, refs)
     named = [("baseline", list(baseline)), *((name, list(hyps)) for name, hyps in systems.items())]
-    signatures, scores = PairedTest(named, {"BLEU": BLEU()}, [list(refs)], test_type="bs", n_samples=n_samples)()
+    metric = BLEU(tokenize="none", lowercase=True, force=True) if tokenized else BLEU()
+    signatures, scores = PairedTest(named, {"BLEU": metric}, [list(refs)], test_type="bs", n_samples=n_samples)()
     base, *rest = scores["BLEU"]
     return {
         name: PairedResult(base.score, r.score, float(r.ci), float(r.p_value), str(signatures["BLEU"]))

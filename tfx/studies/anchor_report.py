@@ -6,6 +6,7 @@ The study folder holds one ``tfx.train`` run per folder, ``runs/<method>_lr<lr>_
 and on the three later test sets (``checkpoints/checkpoint_avgN.<src file>.bleu.json``, ``--refs-tokenized``).
 
     python -m tfx.studies.anchor_report STUDY              # the report's table (markdown) on stdout
+    python -m tfx.studies.anchor_report STUDY --refs TOK   # and each run against Post-LN's of its seed, paired
     python -m tfx.studies.anchor_report STUDY --best-lr tfixup   # the lr whose last-10 average scores best on valid
 """
 
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tfx.evaluation.bleu import paired_bootstrap
 from tfx.reporting.metrics_log import FILENAME, read_metrics
 from tfx.studies.converged_runs import end_status
 
@@ -110,12 +112,54 @@ def summary_lines(study: Path) -> list[str]:
     return lines
 
 
-def table(study: Path) -> str:
-    """The report's table (the anchor's row first), then each setting's mean +- std over its scored seeds."""
+def table(study: Path, refs: Path | None = None) -> str:
+    """The report's table (the anchor's row first), then each setting's mean +- std over its scored seeds, then
+    (given the tokenized corpus ``refs``) each run against Post-LN's of its seed by paired bootstrap."""
     lines = [HEADER, ANCHOR, *(row(run) for run in runs(study))]
     if summary := summary_lines(study):
         lines += ["", *summary]
+    if refs is not None:
+        lines += paired_lines(study, refs)
     return "\n".join(lines)
+
+
+def hypotheses(run: Path, column: str) -> list[str] | None:
+    """The decode ``score`` read the BLEU of (the newest ``checkpoint_avg*.<set>.hyp``), one line a sentence."""
+    files = sorted((run / "checkpoints").glob(f"checkpoint_avg*.{SETS[column]}.hyp"), key=lambda p: p.stat().st_mtime)
+    return files[-1].read_text(encoding="utf-8").splitlines() if files else None
+
+
+def reference(refs: Path, column: str, src: str = "en", tgt: str = "de") -> Path:
+    """The tokenized reference of a test column in the pretokenized corpus: ``test.de`` for the run's own
+    test2016, ``test_2017_flickr.de`` for ``--src test_2017_flickr.en``."""
+    return refs / f"{SETS[column].removesuffix(f'.{src}')}.{tgt}"
+
+
+def paired_lines(study: Path, refs: Path, baseline: str = "postln") -> list[str]:
+    """Each scored run against ``baseline``'s run of the same seed, per test set both decoded: the anchor's metric
+    (tokenized BLEU4) and its paired bootstrap (1000 samples, fixed seed). Test-set noise only, one pair of runs."""
+    base = {_key(r)[2]: r for r in runs(study) if _key(r)[0] == baseline}
+    lines = []
+    for run in runs(study):
+        method, lr, seed = _key(run)
+        if method == baseline or seed not in base:
+            continue
+        cells = []
+        for column in ("test2016", "test2017", "test2018", "MSCOCO"):
+            ours, theirs, ref = hypotheses(run, column), hypotheses(base[seed], column), reference(refs, column)
+            if ours is None or theirs is None or not ref.is_file():
+                continue
+            result = paired_bootstrap(theirs, {method: ours}, ref.read_text(encoding="utf-8").splitlines(),
+                                      tokenized=True)[method]  # fmt: skip
+            cells.append(f"{column} {result.score:.2f} vs {result.baseline:.2f} "
+                         f"({result.score - result.baseline:+.2f}, p = {result.p_value:.3f})")  # fmt: skip
+        if cells:
+            lines.append(f"- {run.name} against {base[seed].name}: " + "; ".join(cells))
+    if not lines:
+        return []
+    head = (f"Paired bootstrap against {baseline} of the same seed (tokenized BLEU4 of the last-10 average, 1000 "
+            "resamples of the test sentences; p: how often a difference this large arises by chance):")  # fmt: skip
+    return ["", head, "", *lines]
 
 
 def best_lr(study: Path, method: str, seed: int = 1) -> tuple[float | None, str]:
@@ -139,7 +183,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tfx.studies.anchor_report", description=__doc__.split("\n\n")[0])
     parser.add_argument("study", type=Path, help="the study folder (its runs in runs/)")
     parser.add_argument("--best-lr", metavar="METHOD", help="print the lr of METHOD's seed-1 runs best on valid")
+    parser.add_argument("--refs", type=Path, metavar="TOK",
+                        help="the pretokenized corpus the runs trained on (python -m tfx.data.pretokenize): adds the "
+                        "paired bootstrap of each run against Post-LN's of the same seed")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.refs is not None and not (args.refs / "test.de").is_file():
+        print(f"error: --refs {args.refs}: no test.de there; give the folder python -m tfx.data.pretokenize wrote",
+              file=sys.stderr)  # fmt: skip
+        return 1
     if args.best_lr:
         lr, why = best_lr(args.study, args.best_lr)
         print(why, file=sys.stderr)
@@ -147,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(f"{lr:g}")
         return 0
-    print(table(args.study))
+    print(table(args.study, args.refs))
     return 0
 
 

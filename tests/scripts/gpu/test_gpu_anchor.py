@@ -57,6 +57,9 @@ def test_a_stopped_box_resumes_and_the_table_fills_with_every_run_scored(shared_
     report = (out / "report.md").read_text()
     assert second.returncode == 0, second.stderr[-3000:] + report
     assert "Ended after" in report and "every run ended and is scored." in report
+    paired = [line for line in report.splitlines() if line.startswith("- tfixup_lr")]  # each against Post-LN seed 1
+    assert sorted(line.split(" against ")[0][2:] for line in paired) == sorted(n for n in FIRST if "tfixup" in n)
+    assert all(line.count("p = ") == 4 for line in paired), paired  # test2016, 2017, 2018, MSCOCO
     lr, why = best_lr(study, "tfixup")
     assert lr is not None, why
     later = [f"tfixup_lr{lr:g}_seed2"]
