@@ -104,6 +104,11 @@ def compound_split(lines: Sequence[str]) -> list[str]:
     return [_COMPOUND.sub(r"\1 ##AT##-##AT## \2", line) for line in lines]
 
 
+def _tokenized_metric() -> BLEU:
+    """BLEU on text tokenized on purpose: ``tok:none``, lowercased (tokenized_bleu's and its paired test's)."""
+    return BLEU(tokenize="none", lowercase=True, force=True)
+
+
 def tokenized_bleu(
     hyps: Sequence[str],
     refs: Sequence[str],
@@ -123,7 +128,7 @@ def tokenized_bleu(
     tok_refs = list(refs) if refs_tokenized else moses_tokenize(refs, lang)
     if compound:
         tok_hyps, tok_refs = compound_split(tok_hyps), compound_split(tok_refs)
-    bleu = BLEU(tokenize="none", lowercase=True, force=True)  # input is tokenized on purpose
+    bleu = _tokenized_metric()
     b = bleu.corpus_score(tok_hyps, [tok_refs])
     given = [side for side, done in (("hyp", hyps_tokenized), ("ref", refs_tokenized)) if done]
     signature = f"{bleu.get_signature()}|moses:{lang}-escape"
@@ -201,7 +206,7 @@ def paired_bootstrap(
     for hyps in (baseline, *systems.values()):
         _check(hyps, refs)
     named = [("baseline", list(baseline)), *((name, list(hyps)) for name, hyps in systems.items())]
-    metric = BLEU(tokenize="none", lowercase=True, force=True) if tokenized else BLEU()
+    metric = _tokenized_metric() if tokenized else BLEU()
     signatures, scores = PairedTest(named, {"BLEU": metric}, [list(refs)], test_type="bs", n_samples=n_samples)()
     base, *rest = scores["BLEU"]
     return {

@@ -35,6 +35,7 @@ SETS = {
     "test2018": "test_2018_flickr.en",
     "MSCOCO": "test_2017_mscoco.en",
 }
+TESTS = ("test2016", "test2017", "test2018", "MSCOCO")  # SETS' test columns, in the table's order
 # LividWo/Revisit-MMT README-baseline.md, test2016 only
 ANCHOR = "| anchor: Wu et al. 2021 (fairseq, 2 GPUs) | postln | 0.005 | 1 | <= 8000 | published | | **41.02** | 71.0/47.5/34.3/24.5 | 0.999 | 12096/12103 | | | |"  # noqa: E501
 HEADER = (
@@ -58,14 +59,18 @@ def _key(run: Path) -> tuple[str, float, int]:
     return m["method"], float(m["lr"]), int(m["seed"])
 
 
+def _newest(run: Path, column: str, suffix: str) -> Path | None:
+    """The newest averaged checkpoint's ``.<set>.<suffix>`` file of ``run`` (a run evaluated once has one)."""
+    files = sorted((run / "checkpoints").glob(f"checkpoint_avg*.{SETS[column]}.{suffix}"),
+                   key=lambda p: p.stat().st_mtime)  # fmt: skip
+    return files[-1] if files else None
+
+
 def score(run: Path, column: str) -> dict[str, Any] | None:
     """The tokenized-BLEU result (score, signature, detail) of one evaluation of ``run``'s last-N average; None
-    before it is scored. The newest averaged checkpoint's file: a run evaluated once has one."""
-    files = sorted((run / "checkpoints").glob(f"checkpoint_avg*.{SETS[column]}.bleu.json"),
-                   key=lambda p: p.stat().st_mtime)  # fmt: skip
-    if not files:
-        return None
-    return json.loads(files[-1].read_text())["scores"][-1]  # a data.tokenized run: tokenized BLEU only
+    before it is scored."""
+    path = _newest(run, column, "bleu.json")
+    return json.loads(path.read_text())["scores"][-1] if path else None  # a data.tokenized run: tokenized BLEU only
 
 
 def stands(run: Path) -> tuple[int, str]:
@@ -90,7 +95,7 @@ def row(run: Path) -> str:
     detail = _DETAIL.match(test["detail"]) if test else None
     prec, bp, lens = (detail["prec"], detail["bp"], f"{detail['hyp']}/{detail['ref']}") if detail else ("", "", "")
     cells = [run.name, method, f"{lr:g}", str(seed), str(updates), status, _cell(score(run, "valid")), _cell(test),
-             prec, bp, lens, *(_cell(score(run, c)) for c in ("test2017", "test2018", "MSCOCO"))]  # fmt: skip
+             prec, bp, lens, *(_cell(score(run, c)) for c in TESTS[1:])]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
 
 
@@ -102,7 +107,7 @@ def summary_lines(study: Path) -> list[str]:
     lines = []
     for (method, lr), members in groups.items():
         cells = []
-        for column in ("test2016", "test2017", "test2018", "MSCOCO"):
+        for column in TESTS:
             values = [r["score"] for r in (score(m, column) for m in members) if r]
             if values:
                 std = f" +- {statistics.stdev(values):.2f}" if len(values) > 1 else ""
@@ -124,9 +129,9 @@ def table(study: Path, refs: Path | None = None) -> str:
 
 
 def hypotheses(run: Path, column: str) -> list[str] | None:
-    """The decode ``score`` read the BLEU of (the newest ``checkpoint_avg*.<set>.hyp``), one line a sentence."""
-    files = sorted((run / "checkpoints").glob(f"checkpoint_avg*.{SETS[column]}.hyp"), key=lambda p: p.stat().st_mtime)
-    return files[-1].read_text(encoding="utf-8").splitlines() if files else None
+    """The decode ``score`` read the BLEU of, one line a sentence."""
+    path = _newest(run, column, "hyp")
+    return path.read_text(encoding="utf-8").splitlines() if path else None
 
 
 def reference(refs: Path, column: str, src: str = "en", tgt: str = "de") -> Path:
@@ -145,7 +150,7 @@ def paired_lines(study: Path, refs: Path, baseline: str = "postln") -> list[str]
         if method == baseline or seed not in base:
             continue
         cells = []
-        for column in ("test2016", "test2017", "test2018", "MSCOCO"):
+        for column in TESTS:
             ours, theirs, ref = hypotheses(run, column), hypotheses(base[seed], column), reference(refs, column)
             if ours is None or theirs is None or not ref.is_file():
                 continue
