@@ -30,7 +30,9 @@ def test_a_box_that_ends_stops_both_studies_and_returns_their_reports_and_record
     assert proc.returncode == 1, proc.stderr[-2000:] + report  # stopped by the box: the same command resumes
     assert "box of 25 s ended: stopping the studies" in proc.stderr
     for depth, layers in (("3", "3+3"), ("12", "2+2")):  # the deeper table runs tiny (2+2) in a dry run
-        section = report.split(f"## converged_{depth}\n")[1]
+        # this depth's section alone: the rest of the report is the other study's, whose runs validate on their own
+        # clock (CI, 2026-12-07: converged_12's Post-LN had validated, converged_3's had not)
+        section = report.split(f"## converged_{depth}\n")[1].split("\n## converged_")[0]
         assert f"# Converged comparison: Multi30k de-en, {layers} layers" in section
         assert "tuned elsewhere, a grid of one setting: tfixup lr0.0005_d0.3_w0, postln lr0.001_d0.1_w400" in section
         table = section.split("Finalists (seed 1")[0]  # the arms' table, before the finalists'
