@@ -20,15 +20,22 @@ from tfx.studies.peak_memory import run_measured, sessions
 SHARED = ["+experiment=multi30k", "model.d_model=128"]
 
 
-def write_run(run: Path, bleus: list[float], status: str = "completed", last_loss: float = 5.0) -> Path:
-    """A run folder whose metrics.jsonl holds 3 updates per epoch, a validation per epoch and the end record."""
+def write_run(
+    run: Path,
+    bleus: list[float],
+    status: str = "completed",
+    last_loss: float = 5.0,
+    valid_losses: list[float] | None = None,
+) -> Path:
+    """A run folder whose metrics.jsonl holds 3 updates per epoch, a validation per epoch (valid loss 6.0 unless
+    given) and the end record."""
     run.mkdir(parents=True, exist_ok=True)
     records, step = [], 0
-    for epoch, bleu in enumerate(bleus, 1):
+    for epoch, (bleu, loss) in enumerate(zip(bleus, valid_losses or [6.0] * len(bleus), strict=True), 1):
         for _ in range(3):
             step += 1
             records.append({"event": "update", "step": step, "epoch": epoch, "train/loss": 8.0})
-        records.append({"event": "valid", "step": step, "valid/loss": 6.0, "valid/bleu": bleu})
+        records.append({"event": "valid", "step": step, "valid/loss": loss, "valid/bleu": bleu})
     updates = [r for r in records if r["event"] == "update"]
     if updates:
         updates[-1]["train/loss"] = last_loss
@@ -68,19 +75,29 @@ def test_study_methods_takes_derf_only_when_its_yaml_exists(monkeypatch: pytest.
 
 
 def test_outcome_rule_on_recorded_metrics(tmp_path: Path) -> None:
-    """diverged (the trainer's end status, or a non-finite last loss), stuck (best valid BLEU below 5), trained,
+    """diverged (the trainer's end status, or a non-finite last loss), stuck (best valid BLEU below 5, valid loss
+    down less than 0.5 bits over the last epoch), slow (below 5, the loss still falling 0.5 bits or more), trained,
     unfinished (stopped by a signal or no end yet), each from a metrics.jsonl fixture."""
     trained = dc.summarize(write_run(tmp_path / "trained", [2.0, 7.5]))
     assert (trained["outcome"], trained["valid_bleu"], trained["best_valid"]) == ("trained", [2.0, 7.5], 7.5)
     assert (trained["updates"], trained["s_per_update"]) == (6, 2.0)
     assert math.isnan(trained["test_bleu"]) and math.isnan(trained["peak_mb"])  # not decoded, no session record
     assert dc.summarize(write_run(tmp_path / "stuck", [0.3, 4.9]))["outcome"] == "stuck"
+    # Post-LN at N = 6 with its 400-update warmup in 474 updates (the depth map, 2026-12-07): leaving the plateau
+    assert dc.summarize(write_run(tmp_path / "slow", [1.43, 3.30], valid_losses=[8.23, 7.26]))["outcome"] == "slow"
+    assert dc.summarize(write_run(tmp_path / "flat", [1.43, 3.30], valid_losses=[7.62, 7.25]))["outcome"] == "stuck"
+    # a resumed run repeats its last validation: each update's first record counts, so this one fell 0.97 bits
+    resumed = write_run(tmp_path / "resumed", [1.43, 3.30], valid_losses=[8.23, 7.26])
+    with (resumed / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"event": "valid", "step": 6, "valid/loss": 7.26, "valid/bleu": 3.30}) + "\n")
+    assert dc.summarize(resumed)["outcome"] == "slow"
+    assert dc.summarize(write_run(tmp_path / "one", [3.0], valid_losses=[7.0]))["outcome"] == "stuck"  # no trend
     assert dc.summarize(write_run(tmp_path / "collapsed", [6.0, 0.7]))["outcome"] == "trained"  # best counts
     assert dc.summarize(write_run(tmp_path / "div", [], status="diverged"))["outcome"] == "diverged"
     assert dc.summarize(write_run(tmp_path / "nan", [9.0, 9.0], last_loss=math.nan))["outcome"] == "diverged"
     assert dc.summarize(write_run(tmp_path / "stop", [9.0], status="stopped by SIGTERM"))["outcome"] == "unfinished"
     assert dc.summarize(tmp_path / "never")["outcome"] == "unfinished"
-    assert [dc.failed(o) for o in dc.OUTCOMES] == [False, True, True, False]
+    assert [dc.failed(o) for o in dc.OUTCOMES] == [False, False, True, True, False]  # slow: no retry
 
 
 def test_stage2_takes_tfixup_and_the_best_trained_at_the_deepest_depth(tmp_path: Path) -> None:

@@ -16,7 +16,13 @@ at the deepest stage-1 depth (``stage2_methods``). The runs live in ``<out>/runs
   translates. A loss rule tied to the unigram plateau (8.35 bits, the valid cross-entropy of the training targets'
   unigram distribution) misses a decoder that learned the target language and not the source: DyT's stuck 12+12
   runs (docs/converged.md) sat at 7.1-7.4 bits, below it, with valid BLEU 1-2. The runs that docs call stuck scored
-  0.02-2.4; those leaving the plateau after 3 epochs 4.0-10;
+  0.02-2.4; those leaving the plateau after 3 epochs 4.0-10. And its valid loss fell by less than ``SLOW_BITS`` =
+  0.5 bits over its last epoch: it is on a plateau, not on its way down;
+- ``slow``: below 5 BLEU, but its valid loss fell by ``SLOW_BITS`` or more over its last epoch: it is leaving the
+  plateau when the budget ends (Post-LN at N = 6 with its 400-update warmup, 474 updates in all: 8.23 then 7.26
+  bits, 1.43 then 3.30 BLEU, measured 2026-12-07). No retry: a smaller lr or a longer warmup would be slower still.
+  The 0.5 bits separate the 12+12 probes of docs/converged.md that left the plateau (DyT at warmup 1000: 0.63 bits
+  over its third epoch, 4.04 BLEU) from those it calls stuck (DyT without warmup 0.37, Post-LN at warmup 1000 0.24);
 - ``trained``: otherwise; ``unfinished``: no end record yet, or stopped by a signal (it resumes).
 
 **Retry**: a cell whose chosen setting diverged or got stuck runs once more, as its own cell variant (``_retry``), at
@@ -40,10 +46,11 @@ from tfx.studies.peak_memory import sessions
 DEPTH_MAP_METHODS = ["tfixup", "postln", "preln", "deepnorm", "admin", "dyt", "derf", "rezero", "fixup"]
 STAGE1_DEPTHS = [6, 24, 48]
 STAGE2_DEPTHS = [100, 200]
-STUCK_BLEU = 5.0  # best greedy valid BLEU below which a run that ran its epochs is stuck (module docstring)
+STUCK_BLEU = 5.0  # best greedy valid BLEU below which a run that ran its epochs is stuck or slow (module docstring)
+SLOW_BITS = 0.5  # valid-loss fall over the last epoch from which a run below STUCK_BLEU is slow, not stuck
 CHECKPOINT_FROM = 200  # depth from which activations are recomputed in backward: N = 200 would hold ~14 GB a run
 DEFAULT_SETTING = (5e-4, 0.3, 100)  # multi30k.yaml's oc.select defaults for a method without a tuned row
-OUTCOMES = ("trained", "stuck", "diverged", "unfinished")
+OUTCOMES = ("trained", "slow", "stuck", "diverged", "unfinished")
 SESSIONS = "sessions.jsonl"  # per run: tfx.studies.peak_memory's record of each training session
 
 
@@ -167,7 +174,8 @@ def stage1_cells(methods: list[str], depths: list[int]) -> list[Cell]:
 
 
 def outcome(records: list[dict[str, Any]]) -> str:
-    """``trained``, ``stuck``, ``diverged`` or ``unfinished``, from a run's metrics records (module docstring)."""
+    """``trained``, ``slow``, ``stuck``, ``diverged`` or ``unfinished``, from a run's metrics records (module
+    docstring)."""
     ends = [r for r in records if r["event"] == "end"]
     status = ends[-1]["status"] if ends else "stopped"
     if status.startswith("stopped"):
@@ -179,7 +187,10 @@ def outcome(records: list[dict[str, Any]]) -> str:
     if status == "diverged" or nonfinite:
         return "diverged"
     best = max((r.get("valid/bleu", math.nan) for r in valids), default=math.nan)
-    return "trained" if best >= STUCK_BLEU else "stuck"
+    if best >= STUCK_BLEU:
+        return "trained"
+    losses = per_validation(records, "valid/loss")
+    return "slow" if len(losses) >= 2 and losses[-2] - losses[-1] >= SLOW_BITS else "stuck"
 
 
 def failed(result: str) -> bool:
@@ -188,11 +199,16 @@ def failed(result: str) -> bool:
 
 
 def valid_bleus(records: list[dict[str, Any]]) -> list[float]:
-    """Greedy valid BLEU per epoch (one validation an epoch in this study; the first record of an update)."""
+    """Greedy valid BLEU per epoch (one validation an epoch in this study)."""
+    return per_validation(records, "valid/bleu")
+
+
+def per_validation(records: list[dict[str, Any]], key: str) -> list[float]:
+    """``key`` of each validation in update order, the first record of an update (a resumed run may repeat one)."""
     by_step: dict[int, float] = {}
     for r in records:
         if r["event"] == "valid":
-            by_step.setdefault(r["step"], r.get("valid/bleu", math.nan))
+            by_step.setdefault(r["step"], r.get(key, math.nan))
     return [by_step[s] for s in sorted(by_step)]
 
 

@@ -1,7 +1,7 @@
 """The depth map's report, from ``<out>`` alone (``scripts/studies/depth_map.py --replot``, and after every cell):
 ``depth_map.md`` (the map: outcome and best valid BLEU per method and depth; then every run with its setting,
 valid BLEU per epoch, greedy test2016 BLEU, seconds per update, peak memory and wall time) and ``depth_map.png``
-(best valid BLEU against depth per method, log-x; stuck and diverged cells drawn with their own markers)."""
+(best valid BLEU against depth per method, log-x; slow, stuck and diverged cells drawn with their own markers)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from tfx.reporting.metrics_log import FILENAME
-from tfx.studies.depth_cells import RETRIES, STUCK_BLEU, Cell, describe_setting, summarize, verdict
+from tfx.studies.depth_cells import RETRIES, SLOW_BITS, STUCK_BLEU, Cell, describe_setting, summarize, verdict
 
-MARKERS = {"trained": "o", "stuck": "v", "diverged": "X"}  # stuck hollow; diverged drawn at BLEU 0
-SHORT = {"trained": "T", "stuck": "S", "diverged": "D", "unfinished": "…"}
+MARKERS = {"trained": "o", "slow": "s", "stuck": "v", "diverged": "X"}  # stuck hollow; diverged drawn at BLEU 0
+SHORT = {"trained": "T", "slow": "L", "stuck": "S", "diverged": "D", "unfinished": "…"}
 
 
 def planned_cells(study: dict[str, Any]) -> list[Cell]:
@@ -77,7 +77,9 @@ def write_report(out: Path) -> str:
         "",
         f"Shared overrides: `{' '.join(study['overrides'])}`; wall time so far {study['wall_seconds'] / 3600:.2f} h "
         f"({study['args']['jobs']} runs at once). Outcome: diverged (non-finite), stuck (best greedy valid BLEU "
-        f"below {STUCK_BLEU:g}), trained (T / S / D below, with the best valid BLEU; `…` unfinished). Stage 2 "
+        f"below {STUCK_BLEU:g} and valid loss down less than {SLOW_BITS:g} bits over the last epoch), slow (below "
+        f"{STUCK_BLEU:g} BLEU, loss still falling faster: leaving the plateau when the budget ended; no retry), "
+        f"trained (T / L / S / D below, with the best valid BLEU; `…` unfinished). Stage 2 "
         + (f"methods: {', '.join(stage2)}." if stage2 else "not chosen yet."),
         "",
         *map_lines(out, study),
