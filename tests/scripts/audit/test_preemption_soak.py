@@ -17,7 +17,6 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.ci_first_pass  # CI's passes end about together (docs/testing.md)
 def test_three_interruptions_end_identical_to_the_uninterrupted_run(tmp_path: Path) -> None:
     script = REPO / "scripts" / "audit" / "preemption_soak.py"
     cmd = [sys.executable, str(script), str(tmp_path), "--interruptions", "3", "--max-updates", "120", "--seed", "2"]
